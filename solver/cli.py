@@ -1,0 +1,55 @@
+"""The ``tangram`` command: subcommands, one-line errors and exit codes.
+
+Exit codes: 0 ok, 2 bad input (``error: <file>: <key>: <reason>``), 3 infeasible
+(``no plan: <reason>``), 130 interrupted. Library code raises; only this module prints errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from solver.errors import InfeasibleError, InputError
+
+# Subcommand modules, each exposing ``register(subparsers)`` that sets ``func`` on its parser.
+COMMANDS = ("islands",)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors in the project's one-line format (exit 2)."""
+
+    def error(self, message: str) -> None:  # noqa: D102 - argparse hook
+        raise InputError("<cli>", self.prog, message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every available subcommand."""
+    parser = _Parser(prog="tangram", description="Plan LLM training on mixed-GPU clusters.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name in COMMANDS:
+        importlib.import_module(f"solver.commands.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args) or 0)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except InfeasibleError as exc:
+        print(f"no plan: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

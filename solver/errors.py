@@ -1,0 +1,32 @@
+"""Errors the command line turns into one-line messages and exit codes.
+
+``InputError`` is bad input (exit status 2), ``InfeasibleError`` is a well-formed problem with no
+feasible answer (exit status 3). Library code raises them; only the CLI prints them.
+"""
+
+from __future__ import annotations
+
+
+class InputError(Exception):
+    """A file or value the user gave is malformed.
+
+    Parameters
+    ----------
+    file : str
+        The file the value came from (``"<cli>"`` for a command-line flag, ``"<dict>"`` for data
+        built in code).
+    key : str
+        The key path inside the file, dotted (``"nodes[2].perf"``).
+    reason : str
+        What is wrong and what is allowed, one line.
+    """
+
+    def __init__(self, file: str, key: str, reason: str) -> None:
+        self.file = str(file)
+        self.key = key
+        self.reason = reason
+        super().__init__(f"{self.file}: {key}: {reason}")
+
+
+class InfeasibleError(Exception):
+    """The problem is well formed but nothing satisfies it; the message names the tightest limit."""

@@ -13,7 +13,7 @@ import sys
 from solver.errors import InfeasibleError, InputError
 
 # Subcommand modules, each exposing ``register(subparsers)`` that sets ``func`` on its parser.
-COMMANDS = ("islands",)
+COMMANDS = ("islands", "estimate", "compose", "plan", "verify")
 
 
 class _Parser(argparse.ArgumentParser):

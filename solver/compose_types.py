@@ -90,18 +90,21 @@ class CompositionResult:
         return bool(self.stages)
 
 
-def make_stages(table: LatencyTable, plan: Sequence[tuple[str, int, int]]) -> tuple[StageAssignment, ...]:
+def make_stages(table: LatencyTable,
+                plan: Sequence[tuple[str, int, int]]) -> tuple[StageAssignment, ...]:
     """StageAssignments for ``(island, start, end)`` triples, latencies looked up in the table."""
     out = []
     for island, start, end in plan:
         tau = table.tau(island, start, end)
         if tau is None:
             raise ValueError(f"{island} cannot run layers [{start}, {end}) (null latency)")
-        out.append(StageAssignment(island, start, end, tau, slice_position(start, end, table.layers)))
+        pos = slice_position(start, end, table.layers)
+        out.append(StageAssignment(island, start, end, tau, pos))
     return tuple(out)
 
 
-def objective_of(table: LatencyTable, stages: Sequence[StageAssignment], overlap: bool = False) -> float:
+def objective_of(table: LatencyTable, stages: Sequence[StageAssignment],
+                 overlap: bool = False) -> float:
     """Iteration time ``T`` of a plan, recomputed from the table alone.
 
     Without overlap, links are pipeline stages of their own:
@@ -146,7 +149,8 @@ def plan_problems(table: LatencyTable, stages: Sequence[StageAssignment],
         if s.start != cursor or s.end <= s.start:
             problems.append(f"{s.island} slice [{s.start}, {s.end}) does not start at {cursor}")
         cursor = s.end
-        if s.end <= table.layers and s.end > s.start >= 0 and table.tau(s.island, s.start, s.end) is None:
+        in_range = 0 <= s.start < s.end <= table.layers
+        if in_range and table.tau(s.island, s.start, s.end) is None:
             problems.append(f"{s.island} slice [{s.start}, {s.end}) is infeasible")
     if cursor != table.layers:
         problems.append(f"layers end at {cursor}, expected {table.layers}")
@@ -174,6 +178,8 @@ def _restriction_problems(table: LatencyTable, stages: Sequence[StageAssignment]
     for a, b in zip(stages, stages[1:]):
         if (a.island, b.island) in r.banned_links:
             problems.append(f"banned link {a.island} -> {b.island}")
+    if r.max_stages is not None and len(stages) > r.max_stages:
+        problems.append(f"{len(stages)} stages exceed max_stages {r.max_stages}")
     return problems
 
 

@@ -92,7 +92,7 @@ class LatencyTable:
         _validate(self)
         # Freeze the containers too, so a table can be shared between solvers safely.
         object.__setattr__(self, "islands", tuple(self.islands))
-        lat = {name: _normalize_rows(self.latency[name]) for name in self.islands}
+        lat = {name: MappingProxyType(_normalize_rows(self.latency[name])) for name in self.islands}
         object.__setattr__(self, "latency", MappingProxyType(lat))
         links = {(a, b): float(v) for (a, b), v in self.link.items()}
         object.__setattr__(self, "link", MappingProxyType(links))
@@ -161,7 +161,8 @@ def _check_island_rows(src: str, key: str, rows: Any, layers: int) -> None:
     if isinstance(rows, Mapping):
         for pos in rows:
             if pos not in POSITIONS and pos not in [p.value for p in POSITIONS]:
-                raise InputError(src, f"{key}.{pos}", "unknown position (first, middle, last, only)")
+                raise InputError(src, f"{key}.{pos}",
+                                 "unknown position (first, middle, last, only)")
         for pos in POSITIONS:
             if pos not in rows and pos.value not in rows:
                 raise InputError(src, f"{key}.{pos.value}", "missing position list")
@@ -174,7 +175,8 @@ def _check_row(src: str, key: str, row: Any, layers: int) -> None:
     if not isinstance(row, (list, tuple)):
         raise InputError(src, key, "must be a list of latencies (or an object of 4 position lists)")
     if len(row) != layers:
-        raise InputError(src, key, f"must have {layers} entries (lengths 1..{layers}), got {len(row)}")
+        raise InputError(src, key,
+                         f"must have {layers} entries (lengths 1..{layers}), got {len(row)}")
     for i, v in enumerate(row):
         if v is None:
             continue
@@ -250,11 +252,14 @@ class Restrictions:
         Memory rule: (island, position) -> longest slice that fits in memory there.
     banned_links : frozenset[tuple[str, str]]
         Interface rule: ordered island pairs that may not be consecutive stages.
+    max_stages : int | None
+        At most this many pipeline stages (the planner composes one table per pipeline depth).
     """
 
     length_window: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     memory_cap: Mapping[tuple[str, Position], int] = field(default_factory=dict)
     banned_links: frozenset[tuple[str, str]] = frozenset()
+    max_stages: int | None = None
 
     def check(self, table: LatencyTable) -> None:
         """Raise InputError when a restriction names an unknown island or a bad length."""
@@ -268,6 +273,8 @@ class Restrictions:
         for a, b in self.banned_links:
             if a not in table.islands or b not in table.islands:
                 raise InputError(src, f"banned_links.{a}.{b}", "unknown island")
+        if self.max_stages is not None and self.max_stages < 1:
+            raise InputError(src, "max_stages", f"must be >= 1, got {self.max_stages}")
 
 
 def dense_arrays(table: LatencyTable,

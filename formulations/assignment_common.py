@@ -26,6 +26,7 @@ from solver.compose_types import StageAssignment, TooLargeError, make_stages
 from solver.table import POSITIONS, LatencyTable, Position, Restrictions
 
 MAX_CHOICE_VARS = 200_000  # s variables (4·K·L); beyond this use the DP
+BUDGET_UNITS = 1_000_000  # budget rates are modelled in micro-units ($/h, W, ...)
 
 
 class Backend(Protocol):
@@ -115,6 +116,7 @@ def build_model(be: Backend, table: LatencyTable, restrictions: Restrictions | N
         add_memory_cap(be, choices, s, table, restrictions)
         add_interface_ban(be, z, table, restrictions)
         add_stage_limit(be, roles["used"], restrictions)
+        add_budget(be, roles["used"], table, restrictions, {c.k for c in choices})
     lat = add_island_latency(be, choices, s, big_k)
     links = {(a, b): be.coeff(table.link_time(table.islands[a], table.islands[b])) * v
              for (a, b), v in z.items()
@@ -197,6 +199,24 @@ def add_stage_limit(be: Backend, used: Sequence[Any], r: Restrictions) -> None:
     """Pipeline depth: at most ``max_stages`` islands hold a slice."""
     if r.max_stages is not None:
         be.add(be.total(used) <= r.max_stages, "stage_limit")
+
+
+def add_budget(be: Backend, used: Sequence[Any], table: LatencyTable, r: Restrictions,
+               present: set[int]) -> None:
+    """Budget: the rates of the used islands ($/h, W, ...) add up to at most the limit.
+
+    Rates are integers in units of ``1 / BUDGET_UNITS`` (CP-SAT needs integer coefficients); the
+    right-hand side gets ``K/2 + 1`` units of slack for the per-term rounding, so a set whose
+    exact sum equals the limit is never cut off (tolerance ``(K/2 + 1) / BUDGET_UNITS``).
+    """
+    if r.budget is None:
+        return
+    terms = [round(r.budget.rates[table.islands[k]] * BUDGET_UNITS) * used[k]
+             for k in sorted(present)]
+    slack = len(table.islands) // 2 + 1
+    limit = round(r.budget.limit * BUDGET_UNITS) + slack
+    if terms:  # no island has a feasible entry: nothing to constrain
+        be.add(be.total(terms) <= limit, "budget")
 
 
 def add_island_latency(be: Backend, choices: Sequence[Choice], s: Sequence[Any],

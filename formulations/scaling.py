@@ -70,3 +70,11 @@ def relative_tolerance(table: LatencyTable, optimum: float, overlap: bool = Fals
     if optimum <= 0:
         return 0.0 if tol == 0 else math.inf
     return tol / optimum
+
+
+# Island merging (formulations/island_merge.py) scales hardware figures, not seconds: TFLOP/s and
+# GB become integers in hundredths. Catalog figures have at most two decimals (perf factors give
+# more), so each value is off by at most 0.005 units of 100 — a relative error below 1e-5 for any
+# GPU above 1 TFLOP/s or 1 GB, far inside the 20% similarity and 10% merge thresholds it is
+# compared against.
+UNITS_PER_TFLOP = 100.0

@@ -8,12 +8,22 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import pkgutil
 import sys
+
+import solver.commands
 
 from solver.errors import InfeasibleError, InputError
 
-# Subcommand modules, each exposing ``register(subparsers)`` that sets ``func`` on its parser.
-COMMANDS = ("islands", "estimate", "compose", "plan", "verify")
+# Subcommand modules live in ``solver.commands``; each exposes ``register(subparsers)``, which adds
+# its parser and sets ``func``. The listing order below is the order of ``tangram --help``.
+FIRST = ("islands", "estimate", "compose", "plan", "verify")
+
+
+def command_modules() -> list[str]:
+    """Names of the subcommand modules, the main ones first."""
+    found = sorted(m.name for m in pkgutil.iter_modules(solver.commands.__path__))
+    return [m for m in FIRST if m in found] + [m for m in found if m not in FIRST]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every available subcommand."""
     parser = _Parser(prog="tangram", description="Plan LLM training on mixed-GPU clusters.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name in COMMANDS:
+    for name in command_modules():
         importlib.import_module(f"solver.commands.{name}").register(sub)
     return parser
 

@@ -53,7 +53,7 @@ def compose_dp(table: LatencyTable, restrictions: Restrictions | None = None,
     table : LatencyTable
         The latency table.
     restrictions : Restrictions, optional
-        Pruning rules, applied by masking entries.
+        Pruning rules, applied by masking entries; a budget masks the final island sets.
     overlap : bool
         Use the overlapped objective (eq. 9) instead of links as separate stages.
 
@@ -80,7 +80,9 @@ def compose_dp(table: LatencyTable, restrictions: Restrictions | None = None,
     _check_size(table, overlap)
     tau, link = dense_arrays(table, restrictions)
     limit = restrictions.max_stages if restrictions is not None else None
-    core = DPCore(tau, link, table.use_all, overlap, limit)
+    budget = restrictions.budget if restrictions is not None else None
+    allowed = budget.allowed_masks(table.islands) if budget is not None else None
+    core = DPCore(tau, link, table.use_all, overlap, limit, allowed)
     plan = _search(core, table.n_micro, _cap_values(tau, link))
     elapsed = perf_counter() - t0
     if plan is None:

@@ -49,8 +49,11 @@ def compose_brute(table: LatencyTable, restrictions: Restrictions | None = None,
     tau, link = dense_arrays(table, restrictions)
     best_t, best_plan = math.inf, None
     limit = restrictions.max_stages if restrictions is not None else None
+    budget = restrictions.budget if restrictions is not None else None
     for seq, cuts in _plans(big_k, big_l, table.use_all):
         if limit is not None and len(seq) > limit:
+            continue
+        if budget is not None and not budget.allows([table.islands[k] for k in seq]):
             continue
         t = _plan_time(tau, link, seq, cuts, table.n_micro, overlap)
         if t < best_t:

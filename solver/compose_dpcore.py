@@ -85,11 +85,15 @@ class DPCore:
         Problem variant.
     max_stages : int | None
         At most this many stages (passes stop after that many islands are placed).
+    allowed : np.ndarray | None
+        ``allowed[mask]``: whether a plan may end having used exactly the islands of ``mask``
+        (a budget on the used islands); None allows every set.
     """
 
     def __init__(self, tau: np.ndarray, link: np.ndarray, use_all: bool, overlap: bool,
-                 max_stages: int | None = None) -> None:
+                 max_stages: int | None = None, allowed: np.ndarray | None = None) -> None:
         self.tau, self.link, self.use_all, self.overlap = tau, link, use_all, overlap
+        self.allowed = allowed
         self.n_islands, self.layers = tau.shape[0], tau.shape[2] - 1
         big_k = self.n_islands
         masks = np.arange(1 << big_k)
@@ -129,11 +133,20 @@ class DPCore:
         states, ends = [state], []
         for p, lay in enumerate(self.steps):
             rows = states[p][lay.src, lay.k]  # (P, L+1): value at the slice start l
-            ends.append(comb(rows, kern.end[p > 0][lay.k]).min(axis=1))
+            final = comb(rows, kern.end[p > 0][lay.k]).min(axis=1)
+            ends.append(self._only_allowed(final, lay, p))
             if p + 1 == len(self.steps) or not np.isfinite(rows).any():
                 break
             states.append(self._advance(rows, lay, kern, p, comb))
         return Run(kern, comb, tuple(states), tuple(ends), self._best(ends)[0])
+
+    def _only_allowed(self, values: np.ndarray, lay: _Layer, p: int) -> np.ndarray:
+        """Final values with plans ending on a disallowed island set masked to ``inf``."""
+        if self.allowed is None:
+            return values
+        # Pairs are target-major with p + 1 pairs per target mask (see _Layer).
+        owner = lay.targets[np.arange(values.size) // (p + 1)]
+        return np.where(self.allowed[owner], values, _INF)
 
     def _advance(self, rows: np.ndarray, lay: _Layer, kern: _Kernels, p: int,
                  comb: np.ufunc) -> np.ndarray:

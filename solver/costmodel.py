@@ -33,7 +33,7 @@ from solver.costmodel_memory import (GRAD_BYTES, WEIGHT_BYTES, MemoryArrays, par
 from solver.costmodel_time import (Components, TimeInputs, embedding_times, head_times,
                                    layer_times, p2p_time, tokens_per_gpu)
 from solver.efficiency import (DEFAULT_CALIBRATION, AttentionKernel, Calibration, Links,
-                               ring_time)
+                               machine_balance, ring_time)
 from solver.specs import Island, ModelSpec, Schedule
 from solver.stage import ConfigArrays, ModelSlice
 
@@ -134,7 +134,8 @@ class StageCosts:
 
 
 def _time_inputs(model: ModelSpec, island: Island, seq_len: int, calib: Calibration) -> TimeInputs:
-    return TimeInputs(model, seq_len, island.tflops_per_gpu * 1e12, Links.of(island, calib), calib)
+    return TimeInputs(model, seq_len, island.tflops_per_gpu * 1e12, machine_balance(island),
+                      Links.of(island, calib), calib)
 
 
 def _zero3_and_sync(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,

@@ -93,6 +93,8 @@ class TimeInputs:
         Tokens per sequence.
     peak_flops : float
         Peak dense bf16 FLOP/s of one GPU.
+    balance : float
+        Machine balance, peak FLOP/s over HBM bytes/s (scales the GEMM efficiency curve).
     links : Links
         The island's bandwidths.
     calib : Calibration
@@ -102,6 +104,7 @@ class TimeInputs:
     model: ModelSpec
     seq_len: int
     peak_flops: float
+    balance: float
     links: Links
     calib: Calibration
 
@@ -118,7 +121,7 @@ def _layer_gemm_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray) -> np.ndar
     up = 2 if m.gated_mlp else 1
 
     def g(flops: np.ndarray, rows, cols, inner) -> np.ndarray:
-        return gemm_time(flops, rows, cols, inner, ti.peak_flops, ti.calib)
+        return gemm_time(flops, rows, cols, inner, ti.peak_flops, ti.calib, ti.balance)
 
     q_dim, kv_dim = m.heads * dh, m.kv_heads * dh
     t = g(2 * n * h * (q_dim + 2 * kv_dim) / tp, n, (q_dim + 2 * kv_dim) / tp, h)
@@ -215,7 +218,7 @@ def head_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Component
     m = ti.model
     n = tokens_per_gpu(cfg, ti.seq_len)
     gemm = gemm_time(2 * n * m.hidden * m.vocab / cfg.tp, n, m.vocab / cfg.tp, m.hidden,
-                     ti.peak_flops, ti.calib)
+                     ti.peak_flops, ti.calib, ti.balance)
     loss = LOGIT_PASS_BYTES * n * m.vocab / cfg.tp / ti.links.hbm_bw
     bw, lat = ti.links.select(cfg.tp)
     one = ring_time(n * m.hidden * 2.0, cfg.tp, bw, lat) * (1 - ti.calib.tp_overlap)

@@ -40,14 +40,17 @@ class Calibration:
     """The cost model's efficiency constants, in one place.
 
     GEMM efficiency curve: a bf16 GEMM of shape ``(M, N, K)`` runs at
-    ``gemm_eff_max * xi / (xi + gemm_half_size)`` of peak, where
+    ``gemm_eff_max * xi / (xi + gemm_half_balance * B)`` of peak, where
     ``xi = 1 / (1/M + 1/N + 1/K)`` is the GEMM's arithmetic intensity in FLOP per byte of bf16
-    operands (``2MNK / (2(MN + NK + MK))``). Large square GEMMs approach ``gemm_eff_max``; a narrow
-    TP shard (small ``N`` or ``K``) or a small micro-batch (small ``M``) pulls ``xi`` down.
+    operands (``2MNK / (2(MN + NK + MK))``) and ``B`` the GPU's machine balance, peak FLOP/s over
+    HBM bytes/s (the roofline ridge point: 153 FLOP/B for A100-80GB, 295 for H100-SXM). Large
+    square GEMMs approach ``gemm_eff_max``; a narrow TP shard (small ``N`` or ``K``) or a small
+    micro-batch (small ``M``) pulls ``xi`` down, and a GPU with more FLOPs per byte of bandwidth
+    needs larger tiles for the same fraction of its peak.
 
     Provenance of the defaults. Fitted on SC'21 Table 1 (minimax of the log error, all ten rows,
-    max error 3.9 %): ``gemm_half_size``, ``unfused_attention_eff``, ``elementwise_bytes``,
-    ``dp_overlap``. Chosen, not fitted: ``gemm_eff_max`` = 0.80 (large bf16 GEMMs on A100/H100
+    max error 4.9 %; leave-one-out max error about 6 %): ``gemm_half_balance``,
+    ``unfused_attention_eff``, ``elementwise_bytes``, ``dp_overlap``. Chosen, not fitted: ``gemm_eff_max`` = 0.80 (large bf16 GEMMs on A100/H100
     reach 75-85 % of peak), ``flash_attention_eff`` (FlashAttention-2 paper), ``tp_overlap`` = 0
     (Megatron-LM without ``--tp-comm-overlap``), bus efficiencies and latencies (NCCL all-reduce
     bus bandwidth of about 230 GB/s on DGX A100 NVLink, 85 % of line rate on InfiniBand),
@@ -57,8 +60,9 @@ class Calibration:
     ----------
     gemm_eff_max : float
         Asymptotic fraction of peak reached by large GEMMs.
-    gemm_half_size : float
-        Arithmetic intensity (FLOP/byte) at which GEMM efficiency is half of ``gemm_eff_max``.
+    gemm_half_balance : float
+        Arithmetic intensity at which GEMM efficiency is half of ``gemm_eff_max``, in multiples of
+        the GPU's machine balance.
     attention : AttentionKernel
         Attention implementation of the software stack (default: FlashAttention).
     flash_attention_eff : float
@@ -101,11 +105,11 @@ class Calibration:
     """
 
     gemm_eff_max: float = 0.80
-    gemm_half_size: float = 400.0
+    gemm_half_balance: float = 3.07
     attention: AttentionKernel = AttentionKernel.FLASH
     flash_attention_eff: float = 0.50
-    unfused_attention_eff: float = 0.156
-    elementwise_bytes: float = 27.5
+    unfused_attention_eff: float = 0.145
+    elementwise_bytes: float = 31.0
     hbm_eff: float = 0.80
     nvlink_eff: float = 0.78
     nic_eff: float = 0.85
@@ -122,20 +126,27 @@ class Calibration:
 DEFAULT_CALIBRATION = Calibration()
 
 
-def gemm_efficiency(m: np.ndarray, n: np.ndarray, k: np.ndarray, calib: Calibration) -> np.ndarray:
-    """Fraction of peak reached by GEMMs of shape ``(m, n, k)`` (arrays broadcast).
+def gemm_efficiency(m: np.ndarray, n: np.ndarray, k: np.ndarray, calib: Calibration,
+                    balance: float) -> np.ndarray:
+    """Fraction of peak reached by GEMMs of shape ``(m, n, k)`` (arrays broadcast) on a GPU whose
+    machine balance (peak FLOP/s / HBM bytes/s) is ``balance``.
 
     The curve and its constants are documented on :class:`Calibration`.
     """
     m, n, k = (np.maximum(np.asarray(x, dtype=float), 1.0) for x in (m, n, k))
     xi = 1.0 / (1.0 / m + 1.0 / n + 1.0 / k)
-    return calib.gemm_eff_max * xi / (xi + calib.gemm_half_size)
+    return calib.gemm_eff_max * xi / (xi + calib.gemm_half_balance * balance)
+
+
+def machine_balance(island: Island) -> float:
+    """Peak FLOP/s per HBM byte/s of the island's GPUs (datasheet values)."""
+    return island.tflops_per_gpu * 1e12 / (island.hbm_bw_gbs * 1e9)
 
 
 def gemm_time(flops: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, peak_flops: float,
-              calib: Calibration) -> np.ndarray:
+              calib: Calibration, balance: float) -> np.ndarray:
     """Seconds for ``flops`` of GEMM work of shape ``(m, n, k)`` on a GPU of ``peak_flops``."""
-    return flops / (peak_flops * gemm_efficiency(m, n, k, calib))
+    return flops / (peak_flops * gemm_efficiency(m, n, k, calib, balance))
 
 
 @dataclass(frozen=True)

@@ -220,6 +220,8 @@ def _planner(f: Fields) -> PlannerOptions:
         solver=f.get_enum("solver", SolverKind, d.solver),
         overlap=f.get("overlap", bool, d.overlap),
         time_limit_s=f.get("time_limit_s", float, d.time_limit_s, lo=0, lo_open=True, hi=86400),
+        max_usd_per_hour=f.get("max_usd_per_hour", float, None, lo=0, lo_open=True, hi=1e9),
+        min_tokens_per_s=f.get("min_tokens_per_s", float, None, lo=0, lo_open=True, hi=1e15),
     )
     f.done()
     return opts

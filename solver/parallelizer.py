@@ -201,7 +201,8 @@ def _layouts(slc: ModelSlice, island: Island, ctx: PlanContext, feats: FeatureSe
     model, gpus = slc.model, island.gpus
     cps = [c for c in _powers_of_two(gpus) if ctx.seq_len % (2 * c) == 0] if feats.cp else [1]
     out = []
-    for tp, cp in itertools.product(_tp_options(model, gpus), cps):
+    # A TP group never leaves a node: its per-layer collectives need NVLink (seed note, Sec. 2).
+    for tp, cp in itertools.product(_tp_options(model, min(gpus, island.gpus_per_node)), cps):
         if gpus % (tp * cp):
             continue
         rest = gpus // (tp * cp)
@@ -284,19 +285,37 @@ class AnalyticParallelizer:
         chosen = chosen[np.argsort(costs.latency_s[chosen], kind="stable")]
         subs = substage_latencies(slice, island, context.seq_len, cfg.take(chosen), pipe,
                                   self.calibration)
-        return [_plan(cfg, costs, int(i), subs[k]) for k, i in enumerate(chosen)]
+        return _plans(cfg, costs, chosen, subs)
 
 
-def _plan(cfg: ConfigArrays, costs: StageCosts, i: int, subs: tuple[float, ...]) -> PartialPlan:
+def _column(values, index: np.ndarray, n: int) -> list:
+    """``values`` (array or scalar) broadcast to ``n`` and picked at ``index``, as Python values."""
+    return np.broadcast_to(values, (n,))[index].tolist()
+
+
+def _plans(cfg: ConfigArrays, costs: StageCosts, index: np.ndarray,
+           subs: list[tuple[float, ...]]) -> list[PartialPlan]:
+    """PartialPlans of the configurations at ``index``; columns are extracted once (a plan call
+    returns about a hundred Pareto points, and per-element NumPy access dominated its time)."""
+    n = len(cfg)
+    cols = {f: _column(getattr(cfg, f), index, n)
+            for f in ("tp", "cp", "ep", "pp", "dp", "zero", "recompute", "offload", "micro_batch")}
     mem = costs.memory
-    breakdown = MemoryBreakdown(float(mem.params[i]) / 1e9, float(mem.grads[i]) / 1e9,
-                                float(mem.optimizer[i]) / 1e9, float(mem.activations[i]) / 1e9)
-    config = cfg.config(i)
-    return PartialPlan(
-        config=config, latency_s=float(costs.latency_s[i]), fwd_s=float(costs.fwd.total[i]),
-        bwd_s=float(costs.bwd.total[i]), iteration_s=float(costs.iteration_s[i]),
-        memory_gb=float(mem.total[i]) / 1e9, memory=breakdown,
-        layout=(config.tp, config.cp, config.dp), stage_latencies=subs)
+    gb = {f: [x / 1e9 for x in _column(getattr(mem, f), index, n)]
+          for f in ("params", "grads", "optimizer", "activations")}
+    total = [x / 1e9 for x in _column(mem.total, index, n)]
+    lat, fwd, bwd, it = (_column(a, index, n) for a in (
+        costs.latency_s, costs.fwd.total, costs.bwd.total, costs.iteration_s))
+    out = []
+    for k in range(len(index)):
+        config = StageConfig(cols["tp"][k], cols["cp"][k], cols["ep"][k], cols["pp"][k],
+                             cols["dp"][k], cols["zero"][k], RECOMPUTE_CODES[cols["recompute"][k]],
+                             bool(cols["offload"][k]), cols["micro_batch"][k])
+        breakdown = MemoryBreakdown(gb["params"][k], gb["grads"][k], gb["optimizer"][k],
+                                    gb["activations"][k])
+        out.append(PartialPlan(config, lat[k], fwd[k], bwd[k], it[k], total[k], breakdown,
+                               (config.tp, config.cp, config.dp), subs[k]))
+    return out
 
 
 def pipeline_time(plan: PartialPlan, n_micro: int, schedule: Schedule = Schedule.ONE_F_ONE_B,

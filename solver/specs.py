@@ -347,6 +347,10 @@ class PlannerOptions:
         Count link transfers as overlapped with compute (eq. 9).
     time_limit_s : float
         Time limit for CP-SAT / MILP.
+    max_usd_per_hour : float | None
+        Budget: the fastest plan whose used GPUs cost at most this much per hour (None: no cap).
+    min_tokens_per_s : float | None
+        Deadline: the cheapest plan (per token) reaching this throughput (None: fastest plan).
     """
 
     features: FeaturePreset = FeaturePreset.FULL
@@ -359,6 +363,8 @@ class PlannerOptions:
     solver: SolverKind = SolverKind.DP
     overlap: bool = False
     time_limit_s: float = 30.0
+    max_usd_per_hour: float | None = None
+    min_tokens_per_s: float | None = None
 
 
 @dataclass(frozen=True)

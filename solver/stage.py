@@ -135,13 +135,18 @@ class ConfigArrays:
 
     def config(self, i: int) -> StageConfig:
         """The ``i``-th configuration."""
+        return self.configs([i])[0]
+
+    def configs(self, index: list[int] | np.ndarray) -> list[StageConfig]:
+        """The configurations at ``index``, in order."""
         n = len(self)
-        pick = {f.name: np.broadcast_to(getattr(self, f.name), (n,))[i] for f in fields(self)}
-        return StageConfig(
-            tp=int(pick["tp"]), cp=int(pick["cp"]), ep=int(pick["ep"]), pp=int(pick["pp"]),
-            dp=int(pick["dp"]), zero=int(pick["zero"]),
-            recompute=RECOMPUTE_CODES[int(pick["recompute"])], offload=bool(pick["offload"]),
-            micro_batch=int(pick["micro_batch"]))
+        cols = {f.name: np.broadcast_to(getattr(self, f.name), (n,))[np.asarray(index, dtype=int)]
+                .tolist() for f in fields(self)}
+        return [StageConfig(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, zero=z, recompute=RECOMPUTE_CODES[r],
+                            offload=bool(o), micro_batch=b)
+                for tp, cp, ep, pp, dp, z, r, o, b in zip(
+                    cols["tp"], cols["cp"], cols["ep"], cols["pp"], cols["dp"], cols["zero"],
+                    cols["recompute"], cols["offload"], cols["micro_batch"])]
 
     def take(self, index: np.ndarray) -> "ConfigArrays":
         """The configurations at ``index`` (integer or boolean array)."""

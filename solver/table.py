@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -240,6 +240,37 @@ def load_table(path: Path | str) -> LatencyTable:
     return table_from_dict(read_json(path), source=str(path))
 
 
+#: Relative tolerance of budget checks (sums of float rates in different orders must agree).
+BUDGET_RTOL = 1e-9
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A cap on an additive per-island rate (e.g. $/h or W) summed over the islands a plan uses.
+
+    Attributes
+    ----------
+    rates : Mapping[str, float]
+        Island -> its rate while it holds a slice (finite, >= 0); every island of the table.
+    limit : float
+        Largest allowed sum over the used islands (within :data:`BUDGET_RTOL`).
+    """
+
+    rates: Mapping[str, float]
+    limit: float
+
+    def allows(self, islands: Sequence[str]) -> bool:
+        """Whether using exactly ``islands`` stays within the limit."""
+        return sum(self.rates[name] for name in islands) <= self.limit * (1 + BUDGET_RTOL)
+
+    def allowed_masks(self, islands: Sequence[str]) -> np.ndarray:
+        """``allowed[mask]`` for every subset of ``islands`` as a bitmask (bit k = island k)."""
+        rates = np.array([self.rates[name] for name in islands], dtype=float)
+        masks = np.arange(1 << len(islands))
+        bits = (masks[:, None] >> np.arange(len(islands))) & 1
+        return bits @ rates <= self.limit * (1 + BUDGET_RTOL)
+
+
 @dataclass(frozen=True)
 class Restrictions:
     """The planner's pruning rules as masks on the table (each switchable by leaving it empty).
@@ -254,12 +285,15 @@ class Restrictions:
         Interface rule: ordered island pairs that may not be consecutive stages.
     max_stages : int | None
         At most this many pipeline stages (the planner composes one table per pipeline depth).
+    budget : Budget | None
+        The used islands' rates must add up to at most the budget's limit (multi-objective plans).
     """
 
     length_window: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     memory_cap: Mapping[tuple[str, Position], int] = field(default_factory=dict)
     banned_links: frozenset[tuple[str, str]] = frozenset()
     max_stages: int | None = None
+    budget: Budget | None = None
 
     def check(self, table: LatencyTable) -> None:
         """Raise InputError when a restriction names an unknown island or a bad length."""
@@ -275,6 +309,20 @@ class Restrictions:
                 raise InputError(src, f"banned_links.{a}.{b}", "unknown island")
         if self.max_stages is not None and self.max_stages < 1:
             raise InputError(src, "max_stages", f"must be >= 1, got {self.max_stages}")
+        if self.budget is not None:
+            _check_budget(src, self.budget, table)
+
+
+def _check_budget(src: str, budget: Budget, table: LatencyTable) -> None:
+    for name in table.islands:
+        rate = budget.rates.get(name)
+        if not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate < 0:
+            raise InputError(src, f"budget.rates.{name}", f"must be a finite rate >= 0, got {rate!r}")
+    for name in budget.rates:
+        if name not in table.islands:
+            raise InputError(src, f"budget.rates.{name}", "unknown island")
+    if not math.isfinite(budget.limit) or budget.limit < 0:
+        raise InputError(src, "budget.limit", f"must be finite and >= 0, got {budget.limit!r}")
 
 
 def dense_arrays(table: LatencyTable,

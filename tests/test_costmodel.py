@@ -11,7 +11,7 @@ import pytest
 from solver.costmodel import (PipelineSetting, in_flight_of, model_flops_per_token, split_layers,
                               stage_costs, substage_latencies, substage_layers)
 from solver.costmodel_memory import activation_bytes_per_token
-from solver.efficiency import Calibration, Links, gemm_efficiency, ring_time
+from solver.efficiency import Calibration, Links, gemm_efficiency, machine_balance, ring_time
 from solver.specs import Island, ModelSpec, Recompute, Schedule
 from solver.stage import ConfigArrays, ModelSlice, StageConfig
 
@@ -21,7 +21,7 @@ GPT_1_7B = ModelSpec("gpt-1.7b", layers=24, hidden=2304, ffn=4 * 2304, heads=24,
                      vocab=51200, gated_mlp=False, tied_embeddings=True)
 MOE = ModelSpec("moe", layers=8, hidden=2048, ffn=8192, heads=16, kv_heads=4, vocab=32000,
                 experts=8, top_k=2, expert_ffn=4096)
-CALIB = Calibration(gemm_eff_max=0.8, gemm_half_size=400.0)
+CALIB = Calibration(gemm_eff_max=0.8, gemm_half_balance=3.0)
 
 
 @pytest.fixture()
@@ -71,11 +71,17 @@ def test_model_flops_per_token_by_hand():
     assert model_flops_per_token(LLAMA2_13B, 4096) == 87_175_987_200
 
 
-def test_gemm_efficiency_curve_by_hand():
-    # 4096^3: xi = 1 / (3 / 4096) = 1365.33; 0.8 * 1365.33 / (1365.33 + 400) = 0.61873
-    eff = gemm_efficiency(np.array([4096]), 4096, 4096, CALIB)[0]
-    assert eff == pytest.approx(0.8 * (4096 / 3) / (4096 / 3 + 400))
-    assert gemm_efficiency(np.array([512]), 4096, 4096, CALIB)[0] < eff
+def test_gemm_efficiency_curve_by_hand(a100):
+    # A100-80GB balance 312e12 / 2039e9 = 153.02 FLOP/B; half point 3 x 153.02 = 459.05.
+    # 4096^3: xi = 1 / (3 / 4096) = 1365.33; 0.8 * 1365.33 / (1365.33 + 459.05) = 0.59870
+    balance = machine_balance(a100)
+    assert balance == pytest.approx(312e12 / 2039e9)
+    eff = gemm_efficiency(np.array([4096]), 4096, 4096, CALIB, balance)[0]
+    assert eff == pytest.approx(0.8 * (4096 / 3) / (4096 / 3 + 3 * 312e12 / 2039e9))
+    assert eff == pytest.approx(0.59870, abs=1e-5)
+    assert gemm_efficiency(np.array([512]), 4096, 4096, CALIB, balance)[0] < eff
+    # A GPU with more FLOPs per byte of HBM bandwidth reaches a smaller fraction of its peak.
+    assert gemm_efficiency(np.array([4096]), 4096, 4096, CALIB, 2 * balance)[0] < eff
 
 
 def test_tp_collectives_by_hand(a100):

@@ -109,7 +109,6 @@ def test_missing_file_is_input_error(tmp_path, capsys):
         run([str(tmp_path / "nope.toml")], capsys)
 
 
-@pytest.mark.skipif("estimate" not in cli.COMMANDS, reason="estimate not registered in solver.cli yet")
 def test_through_main(tmp_path, capsys):
     path = write(tmp_path, GOOD.replace("dp = 2", "dp = 4"))
     assert cli.main(["estimate", path]) == 2

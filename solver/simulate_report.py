@@ -1,0 +1,156 @@
+"""A plan's schedule simulated (:mod:`solver.pipeline`) and set beside its closed-form objective.
+
+A plan becomes a :class:`~solver.pipeline.PipelineSpec` stage by stage: an island with internal
+``pp > 1`` contributes its sub-stages (joined by zero-time links, their point-to-point traffic is
+inside their latency), each split into forward and backward in its stage's ``fwd_s : bwd_s``
+ratio. Boundary links carry ``c / 2`` each way (activation, gradient: same bytes). The simulated
+iteration time adds the plan's per-iteration terms (DP sync, optimizer step), exactly as the
+closed form does, so the two differ only in the pipeline part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from solver.pipeline import (PipelineSpec, ScheduleKind, SimResult, TransferMode, closed_form,
+                             simulate)
+from solver.plan import Plan
+
+
+def pipeline_spec(plan: Plan, schedule: ScheduleKind = ScheduleKind.ONE_F_ONE_B,
+                  transfers: TransferMode = TransferMode.ASYNC) -> PipelineSpec:
+    """The plan's pipeline: sub-stages expanded, forward/backward split, links in both ways."""
+    fwd, bwd = [], []
+    for s in plan.stages:
+        # The cost model reports fwd/bwd of the bottleneck sub-stage only; every sub-stage runs
+        # the same kind of layers, so its split is taken to be the same.
+        share = s.plan.fwd_s / (s.plan.fwd_s + s.plan.bwd_s)
+        fwd += [t * share for t in s.plan.stage_latencies]
+        bwd += [t * (1.0 - share) for t in s.plan.stage_latencies]
+    return PipelineSpec(tuple(fwd), tuple(bwd), tuple(plan.all_links), plan.n_micro, schedule,
+                        transfers)
+
+
+def planned_in_flight(plan: Plan) -> list[int]:
+    """Micro-batches of activations the planner sized each pipeline (sub-)stage for.
+
+    Sub-stage ``j`` of ``pp`` holds ``min(in_flight + pp − 1 − j, n)`` (``solver.costmodel``).
+    """
+    out = []
+    for s in plan.stages:
+        pp = len(s.plan.stage_latencies)
+        out += [min(s.in_flight + pp - 1 - j, plan.n_micro) for j in range(pp)]
+    return out
+
+
+@dataclass(frozen=True)
+class SimulatedPlan:
+    """A plan and its simulated schedule.
+
+    Attributes
+    ----------
+    plan : Plan
+        The plan.
+    spec : PipelineSpec
+        What was simulated.
+    result : SimResult
+        The simulation.
+    """
+
+    plan: Plan
+    spec: PipelineSpec
+    result: SimResult
+
+    @property
+    def iteration_time_s(self) -> float:
+        """Simulated pipeline makespan plus the plan's per-iteration terms."""
+        return self.result.makespan_s + self.plan.iteration_extra_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Simulated throughput."""
+        return self.plan.job.training.tokens / self.iteration_time_s
+
+
+def run_simulation(plan: Plan, schedule: ScheduleKind = ScheduleKind.ONE_F_ONE_B,
+                   transfers: TransferMode = TransferMode.ASYNC) -> SimulatedPlan:
+    """Simulate ``plan`` under ``schedule`` with ``transfers``."""
+    spec = pipeline_spec(plan, schedule, transfers)
+    return SimulatedPlan(plan, spec, simulate(spec))
+
+
+@dataclass(frozen=True)
+class ObjectiveCheck:
+    """The two closed forms of a plan against its simulated 1F1B time (all include the plan's
+    per-iteration terms).
+
+    Attributes
+    ----------
+    links_as_stages_s : float
+        Eq. 5 with links as stages of their own.
+    eq9_s : float
+        Eq. 9: ``e_i = max(τ_i, c_i)``.
+    simulated_s : float
+        Simulated 1F1B with asynchronous transfers.
+    simulated_blocking_s : float
+        Simulated 1F1B with blocking sends.
+    """
+
+    links_as_stages_s: float
+    eq9_s: float
+    simulated_s: float
+    simulated_blocking_s: float
+
+    def error(self, predicted: float) -> float:
+        """Relative error of ``predicted`` against the simulated (asynchronous) time."""
+        return predicted / self.simulated_s - 1.0
+
+
+def check_objectives(plan: Plan) -> ObjectiveCheck:
+    """Both closed forms and both transfer modes for ``plan``."""
+    extra = plan.iteration_extra_s
+    spec = pipeline_spec(plan)
+    blocking = run_simulation(plan, transfers=TransferMode.BLOCKING)
+    return ObjectiveCheck(closed_form(spec) + extra, closed_form(spec, overlap=True) + extra,
+                          simulate(spec).makespan_s + extra, blocking.iteration_time_s)
+
+
+def simulate_plan(plan: Plan, plot_file: str | Path | None = None) -> dict[str, Any]:
+    """What ``tangram plan --simulate/--plot`` adds: simulated 1F1B beside the closed form.
+
+    Parameters
+    ----------
+    plan : Plan
+        A validated plan.
+    plot_file : str | Path | None
+        Write the Gantt chart here (PNG, needs matplotlib).
+
+    Returns
+    -------
+    dict
+        Flat ``key: value`` entries (JSON-ready) merged into the plan's output.
+    """
+    sim = run_simulation(plan)
+    closed = plan.iteration_time_s
+    out: dict[str, Any] = {
+        "simulated_schedule": ScheduleKind.ONE_F_ONE_B.value,
+        "simulated_transfers": TransferMode.ASYNC.value,
+        "simulated_iteration_time_s": _r(sim.iteration_time_s),
+        "closed_form_iteration_time_s": _r(closed),
+        "simulated_vs_closed_form": _r(sim.iteration_time_s / closed - 1.0, 4),
+        "simulated_tokens_per_s": _r(sim.tokens_per_s, 3),
+        "simulated_bubble_ratio": _r(sim.result.bubble_ratio, 4),
+        "simulated_peak_in_flight": list(sim.result.peak_in_flight),
+        "planned_in_flight": planned_in_flight(plan),
+    }
+    if plot_file is not None:
+        from solver.plots import plot_plan_schedule
+        out["plot"] = str(plot_plan_schedule(sim, plot_file))
+    return out
+
+
+def _r(x: float, digits: int = 6) -> float:
+    """Round to ``digits`` significant digits (model estimates, not measurements)."""
+    return float(f"{x:.{digits}g}")

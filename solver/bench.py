@@ -6,9 +6,9 @@ answer on the same candidates (objective, time, proof status, bound/gap, agreeme
 the Figure 7 comparison: throughput of the ``oblivious`` and ``restricted`` baselines and of
 Tangram, normalized to ``oblivious`` = 1.0.
 
-The unpruned call count is computed without planning: the planner's table loop runs with
-``Rule.NONE`` against a parallelizer that plans nothing, so the count is exactly the number of calls
-an unpruned run makes (``tests/test_bench.py`` checks it against :func:`solver.verify.ablation`)
+The unpruned call count is computed without planning: the planner runs with ``Rule.NONE`` against
+a parallelizer that plans nothing, so the count is exactly the number of calls an unpruned run
+makes (``tests/test_bench.py`` checks it against :func:`solver.verify.ablation`)
 at the cost of enumerating slices only.
 """
 
@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from solver.baselines import Baseline, plan_baseline
-from solver.candidates import TableSpec, build_table
 from solver.errors import InfeasibleError, InputError
 from solver.islands import Thresholds, build_islands
 from solver.loaders import INSTANCES, load_job
@@ -192,11 +191,15 @@ class _NullParallelizer:
 def unpruned_calls(job: JobSpec, n_micro: int) -> int:
     """Parallelizer calls of an unpruned (``Rule.NONE``) run, counted without planning.
 
-    Mirrors :func:`solver.planner.search_depths`: one table per depth, no windows, no caps.
+    The planner itself runs, but against a parallelizer that plans nothing: without rules no
+    entry depends on another's result, so the count is exact, and the run fails fast as infeasible.
     """
-    run = start_run(job, PlannerConfig(rules=Rule.NONE), n_micro, parallelizer=_NullParallelizer())
-    for depth in range(1, len(run.islands.islands) + 1):
-        build_table(run.cache, TableSpec(depth, {}, {}), n_micro, run.links)
+    config = PlannerConfig(rules=Rule.NONE, solver=SolverKind.DP)
+    run = start_run(job, config, n_micro, parallelizer=_NullParallelizer())
+    try:
+        plan_job(job, config, run=run)
+    except InfeasibleError:
+        pass
     return run.cache.calls
 
 

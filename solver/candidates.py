@@ -7,6 +7,13 @@ flight: a stage with ``d`` stages after it holds ``min(d + 1, n)`` of them (Nara
 SC'21). The planner composes one table per pipeline depth ``P``: there the first stage has
 ``d = P − 1`` and the last ``d = 0``; middle stages are checked at ``d = P − 2``, the deepest
 middle position, which is exact for ``P ≤ 3`` and conservative (never over memory) beyond.
+
+An entry keeps every plan of the parallelizer's Pareto set that is not beaten in both latency
+and per-iteration time (a "staircase"); composition at a cap ``v`` on the per-iteration time uses,
+per entry, the fastest plan within the cap, which keeps the end-to-end objective exact over the
+whole Pareto set. A single-stage plan (position ONLY) may pipeline inside its island (``pp > 1``):
+its entry is the effective per-micro-batch time ``((n − 1)·max τ_j + Σ τ_j) / n`` of its
+sub-stages, which makes ``n · τ`` equal to its pipeline time exactly.
 """
 
 from __future__ import annotations
@@ -53,11 +60,39 @@ def after_for(position: Position, depth: int) -> int | None:
     return depth - 2 if depth >= 3 else None
 
 
-def choose(plans: list[PartialPlan]) -> PartialPlan | None:
-    """The entry's plan: least latency, then least per-iteration time, then least memory."""
-    if not plans:
-        return None
-    return min(plans, key=lambda p: (p.latency_s, p.iteration_s, p.memory_gb))
+MAX_INTERNAL_PP = 16
+
+
+@dataclass(frozen=True)
+class Option:
+    """One plan of an entry: its table latency (effective for internal pipelines) and plan."""
+
+    latency: float
+    iteration: float
+    plan: PartialPlan
+
+
+def effective_latency(plan: PartialPlan, n_micro: int) -> float:
+    """Per-micro-batch time whose ``n``-fold is the plan's pipeline time (exact for pp = 1)."""
+    subs = plan.stage_latencies
+    return ((n_micro - 1) * max(subs) + sum(subs)) / n_micro
+
+
+def staircase(plans: list[PartialPlan], n_micro: int) -> tuple[Option, ...]:
+    """Plans not beaten in both latency and per-iteration time, by increasing latency
+    (ties: less memory first)."""
+    opts = sorted((Option(effective_latency(p, n_micro), p.iteration_s, p) for p in plans),
+                  key=lambda o: (o.latency, o.iteration, o.plan.memory_gb))
+    out: list[Option] = []
+    for o in opts:
+        if not out or o.iteration < out[-1].iteration:
+            out.append(o)
+    return tuple(out)
+
+
+def best_within(options: tuple[Option, ...], cap: float) -> Option | None:
+    """The fastest option whose per-iteration time is within ``cap``."""
+    return next((o for o in options if o.iteration <= cap), None)
 
 
 @dataclass
@@ -87,28 +122,32 @@ class CandidateCache:
     dedupe: bool = True
     calls: int = 0
     mismatches: int = 0
-    entries: dict[CandidateKey, PartialPlan | None] = field(default_factory=dict)
+    entries: dict[CandidateKey, tuple[Option, ...]] = field(default_factory=dict)
 
-    def get(self, key: CandidateKey) -> PartialPlan | None:
-        """The entry's chosen plan, planning it if needed."""
+    def get(self, key: CandidateKey) -> tuple[Option, ...]:
+        """The entry's options (empty when nothing fits), planning it if needed."""
         if key not in self.entries:
             self.entries[key] = self._plan(key)
         return self.entries[key]
 
-    def _plan(self, key: CandidateKey) -> PartialPlan | None:
+    def _plan(self, key: CandidateKey) -> tuple[Option, ...]:
         L = self.model.layers
         slices = [(a, b) for a, b in dedupe_slices(L, key.length, self.dedupe)
                   if _position(a, b, L) is key.position]
-        ctx = PlanContext(**{**self.context.__dict__, "in_flight": key.in_flight})
+        # Only a single-stage plan pipelines inside its island (see the module docstring).
+        max_pp = min(MAX_INTERNAL_PP, L) if key.position is Position.ONLY else 1
+        ctx = PlanContext(**{**self.context.__dict__, "in_flight": key.in_flight,
+                             "max_pp": max_pp})
         results = []
         for a, b in slices:
             slc = ModelSlice(self.model, key.length, a == 0, b == L)
-            results.append(choose(self.parallelizer.plan(slc, self.islands[key.island], ctx)))
+            plans = self.parallelizer.plan(slc, self.islands[key.island], ctx)
+            results.append(staircase(plans, self.context.n_micro))
             self.calls += 1
         # Rule 1's claim, checked whenever it is off: every slice of one length and position
         # gets the same plan.
         self.mismatches += sum(1 for r in results[1:] if r != results[0])
-        return results[0] if results else None
+        return results[0] if results else ()
 
 
 def _position(a: int, b: int, layers: int) -> Position:
@@ -141,30 +180,54 @@ class TableSpec:
         return lo <= length <= hi and length <= self.caps.get((island, position), length)
 
 
-def build_table(cache: CandidateCache, spec: TableSpec, n_micro: int,
-                links: dict[tuple[str, str], float]) -> tuple[LatencyTable, dict]:
-    """The depth-``P`` latency table and its plans keyed by (island, position, length)."""
-    L = cache.model.layers
-    latency: dict[str, dict[str, list[float | None]]] = {}
-    plans: dict[tuple[str, Position, int], PartialPlan] = {}
+@dataclass(frozen=True)
+class DepthTable:
+    """The entries of a depth-``P`` table as option lists.
+
+    Attributes
+    ----------
+    depth : int
+        Pipeline depth ``P``.
+    options : dict[tuple[str, Position, int], tuple[Option, ...]]
+        Non-empty option lists keyed by (island, position, length).
+    """
+
+    depth: int
+    options: dict[tuple[str, Position, int], tuple[Option, ...]]
+
+    def iteration_values(self) -> list[float]:
+        """Distinct per-iteration times of all options, ascending."""
+        return sorted({o.iteration for opts in self.options.values() for o in opts})
+
+    def at(self, cache: "CandidateCache", cap: float, links: dict[tuple[str, str], float]
+           ) -> tuple[LatencyTable, dict[tuple[str, Position, int], Option]]:
+        """The latency table using, per entry, the fastest option within ``cap``."""
+        L = cache.model.layers
+        chosen = {k: o for k, opts in self.options.items()
+                  if (o := best_within(opts, cap)) is not None}
+        latency = {name: {pos.value: [chosen[(name, pos, n)].latency if (name, pos, n) in chosen
+                                      else None for n in range(1, L + 1)] for pos in Position}
+                   for name in cache.islands}
+        table = LatencyTable(L, cache.context.n_micro, tuple(cache.islands), latency,
+                             {k: v for k, v in links.items() if v > 0})
+        return table, chosen
+
+
+def build_table(cache: CandidateCache, spec: TableSpec) -> DepthTable:
+    """Plan (or look up) every entry the depth-``P`` table needs and the rules allow."""
+    L, n = cache.model.layers, cache.context.n_micro
+    options = {}
     for name in cache.islands:
-        rows = {}
         for pos in Position:
             after = after_for(pos, spec.depth)
-            row: list[float | None] = []
+            if after is None:
+                continue
             for length in range(1, L + 1):
-                plan = None
-                if after is not None and _fits_position(pos, length, L) and \
-                        spec.allowed(name, length, pos):
-                    plan = cache.get(CandidateKey(name, length, pos, min(after + 1, n_micro)))
-                row.append(None if plan is None else plan.latency_s)
-                if plan is not None:
-                    plans[(name, pos, length)] = plan
-            rows[pos.value] = row
-        latency[name] = rows
-    table = LatencyTable(L, n_micro, tuple(cache.islands), latency,
-                         {k: v for k, v in links.items() if v > 0})
-    return table, plans
+                if _fits_position(pos, length, L) and spec.allowed(name, length, pos):
+                    opts = cache.get(CandidateKey(name, length, pos, min(after + 1, n)))
+                    if opts:
+                        options[(name, pos, length)] = opts
+    return DepthTable(spec.depth, options)
 
 
 def _fits_position(pos: Position, length: int, layers: int) -> bool:

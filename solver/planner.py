@@ -13,8 +13,8 @@ import math
 import time
 from dataclasses import dataclass, replace
 
-from solver.candidates import CandidateCache, TableSpec, after_for, build_table
-from solver.compose_types import CompositionResult
+from solver.candidates import CandidateCache, DepthTable, TableSpec, after_for, build_table
+from solver.compose_types import CompositionResult, SolveStatus
 from solver.errors import InfeasibleError
 from solver.islands import IslandSet, Thresholds, build_islands
 from solver.parallelizer import AnalyticParallelizer, Parallelizer, PlanContext
@@ -23,7 +23,7 @@ from solver.pruning import (Rule, balance_window, bound_window, interface_bans,
                             interface_bans_safe, layer_work_flops, memory_cap, stage_time_lb)
 from solver.solve import solve_table
 from solver.specs import FeaturePreset, JobSpec, SolverKind
-from solver.table import LatencyTable, Position, Restrictions
+from solver.table import Position, Restrictions
 from solver.validate import link_model, validate
 
 
@@ -54,7 +54,8 @@ class PlannerConfig:
 
 @dataclass(frozen=True)
 class Composed:
-    """The best composition at one depth: result, its table and the plans behind the entries."""
+    """The best composition at one depth: result, total with per-iteration terms, and the option
+    behind each chosen (island, position, length) entry."""
 
     result: CompositionResult
     total: float
@@ -157,57 +158,48 @@ def search_depths(run: PlanningRun, windows: dict, caps: dict,
     best: Composed | None = None
     proven = True
     for depth in range(1, len(run.islands.islands) + 1):
-        table, plans = build_table(run.cache, TableSpec(depth, windows, caps), run.n_micro,
-                                   run.links)
+        table = build_table(run.cache, TableSpec(depth, windows, caps))
         restr = Restrictions(banned_links=bans, max_stages=depth)
-        found = compose_with_iteration(run, table, plans, restr)
+        found = compose_with_iteration(run, table, restr)
         if found is None:
             continue
-        proven = proven and found[2]
-        if best is None or found[0] < best.total * (1 - 1e-12):
-            best = Composed(found[1], found[0], depth, plans, True)
+        proven = proven and found.optimal
+        if best is None or found.total < best.total * (1 - 1e-12):
+            best = found
     return None if best is None else replace(best, optimal=proven)
 
 
-def compose_with_iteration(run: PlanningRun, table: LatencyTable, plans: dict,
-                           restr: Restrictions) -> tuple[float, CompositionResult, bool] | None:
+def compose_with_iteration(run: PlanningRun, table: DepthTable,
+                           restr: Restrictions) -> Composed | None:
     """Exact ``min T_pipe + max_i iteration_i`` by a descending sweep over the iteration cap.
 
-    ``f(v)`` = best ``T_pipe`` among plans whose stages all have per-iteration time ``≤ v``. The
-    optimum is ``min_v f(v) + maxit(plan_v)``; after solving at ``v`` the next cap is the largest
-    value below the found plan's ``maxit``, and the sweep stops once ``f(v)`` alone reaches the
-    best total (``f`` only grows as ``v`` shrinks). Each step is one exact composition.
+    ``f(v)`` = best ``T_pipe`` among plans whose stages all have per-iteration time ``≤ v``
+    (each entry then uses its fastest option within ``v``). The optimum is
+    ``min_v f(v) + maxit(plan_v)``; after solving at ``v`` the next cap is the largest value below
+    the found plan's ``maxit``, and the sweep stops once ``f(v)`` alone reaches the best total
+    (``f`` only grows as ``v`` shrinks). Each step is one exact composition.
     """
-    values = sorted({p.iteration_s for p in plans.values()})
-    cap = math.inf
-    best: tuple[float, CompositionResult, bool] | None = None
-    all_optimal = True
+    values = table.iteration_values()
+    cap, best, proven = math.inf, None, True
     while True:
-        masked = _mask(table, plans, cap) if cap < math.inf else table
-        result = solve_table(masked, restr, run.config.solver or run.job.planner.solver,
+        latency, chosen = table.at(run.cache, cap, run.links)
+        result = solve_table(latency, restr, run.config.solver or run.job.planner.solver,
                              run.job.planner.overlap,
                              run.config.time_limit_s or run.job.planner.time_limit_s)
-        all_optimal = all_optimal and (result.optimal or not result.feasible)
-        if not result.feasible or (best and result.objective >= best[0]):
+        proven = proven and (result.optimal or result.status is SolveStatus.INFEASIBLE)
+        if not result.feasible or (best and result.objective >= best.total):
             break
-        top = max(plans[(s.island, s.position, s.end - s.start)].iteration_s for s in result.stages)
-        if best is None or result.objective + top < best[0]:
-            best = (result.objective + top, result, True)
+        picked = {(s.island, s.position, s.end - s.start): chosen[(s.island, s.position,
+                                                                    s.end - s.start)]
+                  for s in result.stages}
+        top = max(o.iteration for o in picked.values())
+        if best is None or result.objective + top < best.total:
+            best = Composed(result, result.objective + top, table.depth, picked, True)
         lower = [v for v in values if v < top]
         if not lower:
             break
         cap = lower[-1]
-    return None if best is None else (best[0], best[1], all_optimal)
-
-
-def _mask(table: LatencyTable, plans: dict, cap: float) -> LatencyTable:
-    latency = {}
-    for name, rows in table.latency.items():
-        latency[name] = {pos.value: [None if v is None or plans[(name, pos, i + 1)].iteration_s > cap
-                                     else v for i, v in enumerate(row)]
-                         for pos, row in rows.items()}
-    return LatencyTable(table.layers, table.n_micro, table.islands, latency, dict(table.link),
-                        table.use_all)
+    return None if best is None else replace(best, optimal=proven)
 
 
 def _decode(run: PlanningRun, best: Composed, elapsed: float) -> Plan:
@@ -217,7 +209,7 @@ def _decode(run: PlanningRun, best: Composed, elapsed: float) -> Plan:
         after = after_for(s.position, best.depth)
         stages.append(StagePlan(by_name[s.island], s.start, s.end, s.position,
                                 min(after + 1, run.n_micro),
-                                best.plans[(s.island, s.position, s.end - s.start)]))
+                                best.plans[(s.island, s.position, s.end - s.start)].plan))
     links = tuple(run.links[(a.island.name, b.island.name)] for a, b in zip(stages, stages[1:]))
     r = best.result
     info = SolverInfo(r.solver, best.optimal, elapsed, run.cache.calls,

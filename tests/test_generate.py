@@ -22,15 +22,21 @@ from solver.planner import PlannerConfig, plan_job
 from solver.pruning import Rule
 from solver.validate import problems
 
-# Planning costs ~1.5 s a small job on 2 cores today; the default run plans DEFAULT_JOBS of them and
-# the slow run all PROPERTY_JOBS (the issue's 50). Raise DEFAULT_JOBS as the parallelizer speeds up.
-DEFAULT_JOBS = 16
+# The issue's 50 random jobs run in the default suite (~20 s on 2 cores at the time of writing).
 PROPERTY_JOBS = 50
 MIN_FEASIBLE = 0.8
+# Seeds where the paper's rule 2 (heuristic balance window) removes every feasible plan: the H100
+# kinds merge into one island of 3 or 6 nodes, which admits no layout (no internal pipeline, and
+# 24 or 48 GPUs are not tp·cp·dp with powers of two and dp | micro-batch), so the only plan puts
+# the whole model on the other island, far outside its compute-proportional window. The planner reports
+# "no plan" although rule 1 alone finds one. Kept out of the property test and pinned by a strict
+# xfail below, which starts failing (XPASS) once the planner falls back to safe rules.
+KNOWN_RULE2_LOSSES = (35, 41)
 
 
 @pytest.fixture(scope="module")
 def models():
+    """The shipped models by name."""
     return catalog_models()
 
 
@@ -126,9 +132,12 @@ def _plan_and_validate(seeds, tmp_path, catalog, models) -> float:
 
 
 def test_plan_validate_property(tmp_path, catalog, models):
-    assert _plan_and_validate(range(DEFAULT_JOBS), tmp_path, catalog, models) >= MIN_FEASIBLE
+    seeds = [s for s in range(PROPERTY_JOBS) if s not in KNOWN_RULE2_LOSSES]
+    assert _plan_and_validate(seeds, tmp_path, catalog, models) >= MIN_FEASIBLE
 
 
-@pytest.mark.slow
-def test_plan_validate_property_50(tmp_path, catalog, models):
-    assert _plan_and_validate(range(PROPERTY_JOBS), tmp_path, catalog, models) >= MIN_FEASIBLE
+@pytest.mark.xfail(strict=True, reason="rule 2 (heuristic) drops the only feasible plans; "
+                                       "the planner has no fallback to the safe rules yet")
+@pytest.mark.parametrize("seed", KNOWN_RULE2_LOSSES)
+def test_paper_rules_keep_feasibility(tmp_path, catalog, models, seed):
+    assert _plan_and_validate([seed], tmp_path, catalog, models) == 1.0

@@ -69,12 +69,10 @@ def fastest_within_budget(run: PlanningRun, limit: float,
     caps = _memory_caps(run)
     best: BudgetResult | None = None
     for depth in range(1, len(run.islands.islands) + 1):
-        table, plans = build_table(run.cache, TableSpec(depth, {}, caps), run.n_micro, run.links)
-        found = compose_with_iteration(run, table, plans,
-                                       Restrictions(max_stages=depth, budget=budget))
-        if found is None:
-            continue
-        total, result, optimal = found
-        if best is None or total < best.iteration_time_s * (1 - 1e-12):
-            best = BudgetResult(total, tuple(s.island for s in result.stages), optimal)
+        table = build_table(run.cache, TableSpec(depth, {}, caps))
+        found = compose_with_iteration(run, table, Restrictions(max_stages=depth, budget=budget))
+        if found is not None and (best is None or
+                                  found.total < best.iteration_time_s * (1 - 1e-12)):
+            best = BudgetResult(found.total, tuple(s.island for s in found.result.stages),
+                                found.optimal)
     return best

@@ -8,8 +8,8 @@ Tangram, normalized to ``oblivious`` = 1.0.
 
 The unpruned call count is computed without planning: the planner runs with ``Rule.NONE`` against
 a parallelizer that plans nothing, so the count is exactly the number of calls an unpruned run
-makes (``tests/test_bench.py`` checks it against :func:`solver.verify.ablation`)
-at the cost of enumerating slices only.
+makes (``tests/test_bench.py`` checks it against a real unpruned run) at the cost of enumerating
+slices only.
 """
 
 from __future__ import annotations

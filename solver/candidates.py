@@ -130,6 +130,23 @@ class CandidateCache:
             self.entries[key] = self._plan(key)
         return self.entries[key]
 
+    def prefetch(self, keys: list[CandidateKey]) -> None:
+        """Plan many entries of one (island, position, in-flight) together when the parallelizer
+        can batch slices (``plan_many``) and rule 1 is on; counts one call per slice."""
+        todo = [k for k in keys if k not in self.entries]
+        batch = getattr(self.parallelizer, "plan_many", None)
+        if not todo or batch is None or not self.dedupe or todo[0].position is Position.ONLY:
+            return
+        head = todo[0]
+        first = head.position is Position.FIRST
+        last = head.position is Position.LAST
+        ctx = PlanContext(**{**self.context.__dict__, "in_flight": head.in_flight, "max_pp": 1})
+        results = batch(self.model, [k.length for k in todo], first, last,
+                        self.islands[head.island], ctx)
+        self.calls += len(todo)
+        for key, plans in zip(todo, results):
+            self.entries[key] = staircase(plans, self.context.n_micro)
+
     def _plan(self, key: CandidateKey) -> tuple[Option, ...]:
         L = self.model.layers
         slices = [(a, b) for a, b in dedupe_slices(L, key.length, self.dedupe)
@@ -222,11 +239,14 @@ def build_table(cache: CandidateCache, spec: TableSpec) -> DepthTable:
             after = after_for(pos, spec.depth)
             if after is None:
                 continue
-            for length in range(1, L + 1):
-                if _fits_position(pos, length, L) and spec.allowed(name, length, pos):
-                    opts = cache.get(CandidateKey(name, length, pos, min(after + 1, n)))
-                    if opts:
-                        options[(name, pos, length)] = opts
+            keys = [CandidateKey(name, length, pos, min(after + 1, n))
+                    for length in range(1, L + 1)
+                    if _fits_position(pos, length, L) and spec.allowed(name, length, pos)]
+            cache.prefetch(keys)
+            for key in keys:
+                opts = cache.get(key)
+                if opts:
+                    options[(name, pos, key.length)] = opts
     return DepthTable(spec.depth, options)
 
 

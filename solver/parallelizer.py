@@ -287,6 +287,56 @@ class AnalyticParallelizer:
                                   self.calibration)
         return _plans(cfg, costs, chosen, subs)
 
+    def plan_many(self, model: ModelSpec, lengths: list[int], has_embedding: bool,
+                  has_head: bool, island: Island, context: PlanContext) -> list[list[PartialPlan]]:
+        """``plan`` for slices of every length in ``lengths`` (same position), in one call.
+
+        Equal to ``[plan(ModelSlice(model, n, ...), island, context) for n in lengths]`` (a test
+        checks it) but evaluated as one array: the per-call NumPy overhead, not arithmetic,
+        dominates a single ``plan``. Internal pipelining (``max_pp > 1``) makes the layouts depend
+        on the length, so that case falls back to one ``plan`` per length.
+        """
+        if context.max_pp > 1 or not lengths:
+            return [self.plan(ModelSlice(model, n, has_embedding, has_head), island, context)
+                    for n in lengths]
+        feats = FeatureSet.of(self.features).meet(FeatureSet.of(context.features))
+        base = enumerate_configs(ModelSlice(model, max(lengths), has_embedding, has_head),
+                                 island, context, feats)
+        m = len(base)
+        if m == 0:
+            return [[] for _ in lengths]
+        cfg = base.take(np.tile(np.arange(m), len(lengths)))
+        layers = np.repeat(np.asarray(lengths), m)
+        pipe = PipelineSetting(context.n_micro, context.in_flight, context.schedule,
+                               context.virtual_stages)
+        batch = _SliceBatch(model, layers, has_embedding, has_head)
+        costs = stage_costs(batch, island, context.seq_len, cfg, pipe, self.calibration)
+        idx = np.flatnonzero(costs.fits(island.hbm_gb, context.epsilon, self.calibration))
+        which = idx // m
+        groups = ((which * 1_000_003 + cfg.tp[idx]) * 1_000_003 + cfg.cp[idx]) * 1_000_003 \
+            + cfg.dp[idx]
+        obj = np.column_stack([costs.latency_s[idx], costs.iteration_s[idx],
+                               costs.memory.total[idx]])
+        chosen = idx[pareto_mask(groups, obj)]
+        chosen = chosen[np.lexsort((costs.latency_s[chosen], chosen // m))]
+        subs = [(x,) for x in costs.latency_s[chosen].tolist()]
+        plans = _plans(cfg, costs, chosen, subs)
+        out: list[list[PartialPlan]] = [[] for _ in lengths]
+        for i, plan in zip((chosen // m).tolist(), plans):
+            out[i].append(plan)
+        return out
+
+
+@dataclass(frozen=True)
+class _SliceBatch:
+    """Slices of several lengths at one position: ``layers`` is an array aligned with the
+    configurations (the cost model only uses ``model``, ``layers`` and the two flags)."""
+
+    model: ModelSpec
+    layers: np.ndarray
+    has_embedding: bool
+    has_head: bool
+
 
 def _column(values, index: np.ndarray, n: int) -> list:
     """``values`` (array or scalar) broadcast to ``n`` and picked at ``index``, as Python values."""

@@ -6,15 +6,17 @@ Leaving islands idle is what trades speed for money or energy: a plan that uses 
     cost per iteration   = T · Σ_{k∈S} gpus_k · usd_per_hour_k / 3600
     energy per iteration = T · Σ_{k∈S} gpus_k · tdp_w_k                    (J; reported in kWh)
 
-Both are ``T`` times a rate of ``S`` alone. For every non-empty subset ``S`` we compute
-``T*(S)``, the best plan that uses exactly ``S``: the depth-``|S|`` latency table of ``S``'s
-islands composed exactly with ``use_all`` (and the per-iteration sweep of the planner), the
-pruning rules evaluated on ``S`` itself (rule 2's compute shares are shares *of S*; rule 4's
-reference stage is S's). The planner's own plan also competes for the set it uses. The front is
-the non-dominated subset of ``{(T*(S), rate(S)·T*(S))}``: exact for the planner's problem, since
-every plan uses some ``S`` and is no better than ``T*(S)``. With the provably safe rules
-(``Rule.safe()``) ``T*(S)`` is the optimum over all plans on ``S``; :mod:`formulations.budget`
-cross-checks the front with a budget-constrained composition (CP-SAT or the DP).
+Both are ``T`` times a rate of ``S`` alone. For every non-empty subset ``S`` the planner runs
+with only ``S``'s islands available (its pruning rules evaluated on ``S``: rule 2's compute
+shares are shares *of S*, rule 4's reference stage is S's; candidate entries are shared between
+subsets), and each plan is labelled by the islands it actually uses; per used set the fastest
+plan is kept (the job's own plan competes too). Every point is an achievable, validated plan, and
+the best plan using exactly ``S`` is matched or dominated by the run on ``S`` (which finds it,
+or something at least as fast on a subset of ``S``, which costs no more per hour). So the
+non-dominated set of these points is the front of the planner's problem; with the provably safe
+rules (``Rule.safe()``) every run is the optimum over all plans on ``S`` and the front is exact
+for the cost model. :mod:`formulations.budget` cross-checks it the other way round, as
+``min T`` subject to a budget on ``Σ rate`` (CP-SAT, MILP or the DP).
 
 Prices and powers are per node (a merged island of H100-SXM and H100-NVL pays each node's own
 price), from ``usd_per_hour`` and ``tdp_w`` of the GPU catalog.
@@ -24,25 +26,19 @@ from __future__ import annotations
 
 import enum
 import itertools
-import math
 from dataclasses import dataclass, replace
-from time import perf_counter
 from typing import Any, Iterable
 
-from solver.candidates import CandidateCache, TableSpec, build_table
+from solver.candidates import CandidateCache
 from solver.errors import InfeasibleError, InputError
 from solver.loaders import CATALOG_PATH
 from solver.parallelizer import AnalyticParallelizer, Parallelizer
 from solver.plan import Plan
-from solver.planner import (Composed, PlannerConfig, PlanningRun, _decode, compose_with_iteration,
-                            plan_job, start_run)
+from solver.islands import IslandSet
+from solver.planner import PlannerConfig, PlanningRun, plan_job, start_run
 from solver.plancache import CachingParallelizer, MemoryStore
-from solver.pruning import (Rule, balance_window, bound_window, interface_bans,
-                            interface_bans_safe, layer_work_flops, memory_cap, stage_time_lb)
 from solver.specs import Island, JobSpec, PlannerOptions
 from solver.sweep import candidate_n_micro
-from solver.table import Position, Restrictions
-from solver.validate import validate
 
 REL_TOL = 1e-9  # budgets and targets are met within this relative tolerance
 
@@ -139,68 +135,26 @@ class SubsetPlan:
         return self.usd_per_iteration if objective is Objective.COST else self.kwh_per_iteration
 
 
-def _meet(a: tuple[int, int] | None, b: tuple[int, int]) -> tuple[int, int]:
-    return b if a is None else (max(a[0], b[0]), min(a[1], b[1]))
-
-
-def _compose_exactly(sub: PlanningRun, windows: dict, caps: dict,
-                     bans: frozenset) -> Composed | None:
-    """Best plan using every island of ``sub`` (depth = their count), or None."""
-    depth = len(sub.cache.islands)
-    table, plans = build_table(sub.cache, TableSpec(depth, windows, caps), sub.n_micro, sub.links)
-    table = replace(table, use_all=True)
-    found = compose_with_iteration(sub, table, plans,
-                                   Restrictions(banned_links=bans, max_stages=depth))
-    return None if found is None else Composed(found[1], found[0], depth, plans, found[2])
-
-
-def _subset_rules(sub: PlanningRun, members: tuple[Island, ...]) -> tuple[dict, dict, frozenset]:
-    """The configured pruning rules evaluated on ``members`` alone (windows, caps, bans)."""
-    rules, job = sub.config.rules, sub.job
-    layers, eps = job.model.layers, job.planner.epsilon
-    caps = {(i.name, p): memory_cap(job.model, i, eps, p in (Position.FIRST, Position.ONLY),
-                                    p in (Position.LAST, Position.ONLY))
-            for i in members for p in Position} if Rule.MEMORY in rules else {}
-    paper_windows = {i.name: balance_window(members, i, layers, job.planner.beta) for i in members}
-    work = layer_work_flops(job.model, sub.cache.context.micro_batch, job.training.seq_len)
-    whole = Island("subset", tuple(n for i in members for n in i.nodes))
-    paper_bans = interface_bans(sub.links, stage_time_lb(whole, layers, work),
-                                sub.config.interface_threshold)
-    windows = paper_windows if Rule.BALANCE in rules else {}
-    bans = paper_bans if Rule.INTERFACE in rules else frozenset()
-    if rules & (Rule.BALANCE_SAFE | Rule.INTERFACE_SAFE):
-        # Safe variants need an upper bound: the subset's plan under the paper's rules.
-        probe = _compose_exactly(sub, paper_windows, caps, paper_bans)
-        upper = probe.total if probe else math.inf
-        if Rule.BALANCE_SAFE in rules:
-            windows = {i.name: _meet(windows.get(i.name), bound_window(
-                members, i, layers, work, sub.n_micro, upper)) for i in members}
-        if Rule.INTERFACE_SAFE in rules:
-            bans = bans | interface_bans_safe(sub.links, sub.n_micro, upper)
-    return windows, caps, bans
-
-
 def plan_subset(run: PlanningRun, members: tuple[Island, ...]) -> Plan | None:
-    """The best plan that uses exactly ``members`` (validated), or None when none fits.
+    """The planner's plan when only ``members`` are available (validated), or None.
 
-    Candidate entries are shared with ``run``'s cache, so each (island, length, position,
-    in-flight) entry is planned once across all subsets.
+    The pruning rules are evaluated on ``members`` (rule 2's shares are shares of them, rule 4's
+    reference stage is theirs). Candidate entries are shared with ``run``'s cache, so each
+    (island, length, position, in-flight) entry is planned once across all subsets. The plan
+    lists all of the job's islands (the unused ones idle).
     """
-    start = perf_counter()
     job = run.job
-    if len(members) > job.model.layers:
-        return None
     names = {i.name for i in members}
     cache = CandidateCache(job.model, {i.name: i for i in members}, run.cache.parallelizer,
                            run.cache.context, run.cache.dedupe, entries=run.cache.entries)
     links = {p: c for p, c in run.links.items() if p[0] in names and p[1] in names}
-    sub = PlanningRun(job, run.config, run.islands, cache, links, run.n_micro)
-    best = _compose_exactly(sub, *_subset_rules(sub, members))
-    if best is None:
+    subset = IslandSet(tuple(members), run.islands.components, run.islands.merges)
+    try:
+        plan = plan_job(job, run.config, run=PlanningRun(job, run.config, subset, cache, links,
+                                                          run.n_micro))
+    except InfeasibleError:
         return None
-    plan = _decode(sub, best, perf_counter() - start)
-    validate(plan, job)
-    return plan
+    return replace(plan, islands=run.islands)
 
 
 def _n_values(job: JobSpec) -> list[int]:

@@ -145,7 +145,7 @@ def plot_sweep(n_micro: Sequence[int], tokens_per_s: Sequence[float | None],
                simulated_tokens_per_s: Sequence[float | None] | None = None,
                best: int | None = None, title: str = "") -> Path:
     """Throughput and bubble ratio against n_micro (log2 axis); infeasible points as crosses."""
-    fig = _figure(8.0, 4.5)
+    fig = _figure(8.0, 5.0)
     ax = fig.add_subplot()
     ok = [i for i, t in enumerate(tokens_per_s) if t is not None]
     ax.plot([n_micro[i] for i in ok], [tokens_per_s[i] for i in ok], "o-", color="#4C72B0",
@@ -154,7 +154,9 @@ def plot_sweep(n_micro: Sequence[int], tokens_per_s: Sequence[float | None],
         ax.plot([n_micro[i] for i in ok], [simulated_tokens_per_s[i] for i in ok], "s--",
                 color="#55A868", label="tokens/s (simulated 1F1B)")
     bad = [n for n, t in zip(n_micro, tokens_per_s) if t is None]
-    ax.plot(bad, [0.0] * len(bad), "x", color="#C44E52", markersize=9, label="infeasible")
+    if bad:
+        ax.plot(bad, [0.0] * len(bad), "x", color="#C44E52", markersize=9, clip_on=False,
+                label="infeasible")
     if best is not None:
         ax.axvline(best, color="grey", linestyle=":", label=f"best n_micro = {best}")
     ax.set_xscale("log", base=2)
@@ -170,6 +172,7 @@ def plot_sweep(n_micro: Sequence[int], tokens_per_s: Sequence[float | None],
     twin.set_ylim(bottom=0.0)
     lines = ax.get_legend_handles_labels()
     more = twin.get_legend_handles_labels()
-    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="lower center")
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="upper center",
+              bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
     ax.set_title(title, fontsize=10)
     return _save(fig, path)

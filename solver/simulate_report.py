@@ -130,18 +130,25 @@ def simulate_plan(plan: Plan, plot_file: str | Path | None = None) -> dict[str, 
     Returns
     -------
     dict
-        Flat ``key: value`` entries (JSON-ready) merged into the plan's output.
+        Flat ``key: value`` entries (JSON-ready) merged into the plan's output: the simulated
+        iteration time, throughput, bubble ratio and peak in-flight micro-batches per pipeline
+        stage; the plan's own closed form and both closed forms (eq. 5 with links as stages,
+        eq. 9) for the same stages; the in-flight counts the planner sized memory for; and
+        ``plot`` when a chart was written.
     """
     sim = run_simulation(plan)
     closed = plan.iteration_time_s
+    extra = plan.iteration_extra_s
     out: dict[str, Any] = {
         "simulated_schedule": ScheduleKind.ONE_F_ONE_B.value,
         "simulated_transfers": TransferMode.ASYNC.value,
         "simulated_iteration_time_s": _r(sim.iteration_time_s),
         "closed_form_iteration_time_s": _r(closed),
-        "simulated_vs_closed_form": _r(sim.iteration_time_s / closed - 1.0, 4),
-        "simulated_tokens_per_s": _r(sim.tokens_per_s, 3),
-        "simulated_bubble_ratio": _r(sim.result.bubble_ratio, 4),
+        "simulated_vs_closed_form": round(sim.iteration_time_s / closed - 1.0, 5),
+        "eq5_iteration_time_s": _r(closed_form(sim.spec) + extra),
+        "eq9_iteration_time_s": _r(closed_form(sim.spec, overlap=True) + extra),
+        "simulated_tokens_per_s": _r(sim.tokens_per_s),
+        "simulated_bubble_ratio": round(sim.result.bubble_ratio, 5),
         "simulated_peak_in_flight": list(sim.result.peak_in_flight),
         "planned_in_flight": planned_in_flight(plan),
     }

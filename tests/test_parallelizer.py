@@ -120,3 +120,18 @@ def test_more_memory_pressure_never_helps(island):
     tight = AnalyticParallelizer().plan(SLICES["dense"], island,
                                         PlanContext(4096, 32, 16, 2, epsilon=0.6, max_pp=4))
     assert min(p.latency_s for p in tight) >= min(p.latency_s for p in loose) - 1e-12
+
+
+@pytest.mark.parametrize("emb,head", [(True, False), (False, False), (False, True)])
+def test_plan_many_equals_plan_per_length(emb, head):
+    from solver.loaders import INSTANCES, load_catalog, load_model
+    model = load_model(INSTANCES / "models" / "llama2-13b.toml")
+    island = Island.homogeneous("a", load_catalog()["A100-SXM-80GB"], 32)
+    ctx = PlanContext(seq_len=4096, micro_batch=8, n_micro=8, in_flight=2)
+    par = AnalyticParallelizer()
+    lengths = [1, 5, 17, 38]
+    many = par.plan_many(model, lengths, emb, head, island, ctx)
+    for n, batch in zip(lengths, many):
+        single = par.plan(ModelSlice(model, n, emb, head), island, ctx)
+        assert [(p.config, p.latency_s, p.memory_gb) for p in batch] == \
+            [(p.config, p.latency_s, p.memory_gb) for p in single]

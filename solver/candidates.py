@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from solver.parallelizer import Parallelizer, PartialPlan, PlanContext
-from solver.pruning import Rule, dedupe_slices
+from solver.pruning import dedupe_slices
 from solver.specs import Island, ModelSpec
 from solver.stage import ModelSlice
 from solver.table import LatencyTable, Position

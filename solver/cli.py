@@ -36,9 +36,15 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every available subcommand."""
     parser = _Parser(prog="tangram", description="Plan LLM training on mixed-GPU clusters.")
+    parser.add_argument("--stable-json", action="store_true",
+                        help="write wall-clock times as 0 so --json output is byte-identical "
+                             "across runs (everything else already is)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in command_modules():
         importlib.import_module(f"solver.commands.{name}").register(sub)
+    for command in sub.choices.values():  # also accepted after the subcommand
+        command.add_argument("--stable-json", action="store_true", default=argparse.SUPPRESS,
+                             help=argparse.SUPPRESS)
     return parser
 
 

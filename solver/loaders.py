@@ -7,6 +7,7 @@ HuggingFace ``config.json``), clusters ``instances/clusters/<name>.toml`` and jo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,12 @@ MAX_LAYERS = 4096
 
 
 def load_catalog(path: Path | str | None = None) -> dict[str, GPUSpec]:
-    """Read the GPU catalog; every table is one GPU type."""
-    path = Path(path) if path else CATALOG_PATH
+    """Read the GPU catalog; every table is one GPU type.
+
+    Without ``path``, the file named by the environment variable ``TANGRAM_CATALOG`` is read if
+    set (a site's own catalog), else ``instances/gpus.toml``.
+    """
+    path = Path(path or os.environ.get("TANGRAM_CATALOG") or CATALOG_PATH)
     data = read_toml(path)
     if not data:
         raise InputError(str(path), "<file>", "catalog defines no GPU")

@@ -16,16 +16,17 @@ holds the sender until its send is done.
 Where the closed form is exact and where it is not:
 
 * GPipe with asynchronous transfers is two flow shops of ``n`` identical jobs (all forwards, then
-  all backwards), whose makespan is ``Σp + (n − 1)·max p`` each, so
-  ``T = Σf + Σb + (n − 1)·(max f + max b)`` with every link a machine of ``c/2`` in both lists
-  (:func:`gpipe_time`; no direction contends, the phases do not overlap in time). Since
-  ``max f + max b ≥ max(f + b)``, GPipe ≥ eq. 5, with equality iff one stage (or link) holds
-  both maxima, e.g. when every stage has the same forward:backward ratio and there are no links.
+  all backwards), whose makespan is ``Σp + (n − 1)·max p`` each, so ``T = Σf + Σb + (n − 1)·(max f
+  + max b)`` with every link a machine of ``c/2`` in both lists (the directions never contend:
+  the phases do not overlap; ``solver.simulate_report.gpipe_time``). As ``max f + max b ≥
+  max(f + b)``, GPipe ≥ eq. 5, with equality iff one stage (or link) holds both maxima, e.g.
+  when every stage has the same forward:backward ratio and there are no links.
 * 1F1B lets stage ``i`` hold only ``min(P − i, n)`` micro-batches (Narayanan et al., SC'21).
   With equal stages and no links that exactly covers the round trip and ``T = (n + P − 1)·τ``
   (eq. 5). With unequal stages the bottleneck may hide the others' fill and drain (shorter than
   eq. 5); with links the round trip grows by ``c`` per boundary but the in-flight limit does not,
-  so the first stages stall (longer than eq. 5). ``tests/test_pipeline_sim.py`` pins both on
+  so the first stages stall (longer than eq. 5 and eq. 9; ``round_trip_estimate`` in
+  ``solver.simulate_report`` corrects for it). ``tests/test_pipeline_sim.py`` pins both on
   hand-worked cases.
 """
 
@@ -35,8 +36,6 @@ import enum
 import heapq
 from dataclasses import dataclass
 from typing import Hashable
-
-from solver.plan import cycle_time
 
 
 class ScheduleKind(enum.Enum):
@@ -196,23 +195,6 @@ class SimResult:
         return 1.0 - sum(self.compute_s) / (len(self.compute_s) * self.makespan_s)
 
 
-def closed_form(spec: PipelineSpec, overlap: bool = False) -> float:
-    """Eq. 5 with links as stages (or eq. 9 with ``overlap``) for the spec's τ's and links."""
-    return cycle_time(spec.taus, spec.links_s, spec.n_micro, overlap)
-
-
-def gpipe_time(spec: PipelineSpec) -> float:
-    """Exact GPipe makespan: two identical-job flow shops (see the module docstring)."""
-    half = [c / 2 for c in spec.links_s]
-    if spec.transfers is TransferMode.BLOCKING:
-        fwd = [f + c for f, c in zip(spec.fwd_s, half + [0.0])]
-        bwd = [b + c for b, c in zip(spec.bwd_s, [0.0] + half)]
-    else:
-        fwd, bwd = list(spec.fwd_s) + half, list(spec.bwd_s) + half
-    n = spec.n_micro
-    return sum(fwd) + sum(bwd) + (n - 1) * (max(fwd) + max(bwd))
-
-
 def program(spec: PipelineSpec, stage: int) -> list[tuple[EventKind, int, int]]:
     """Compute operations ``(kind, micro, chunk)`` of ``stage`` in its schedule's order."""
     p, n, v = spec.stages, spec.n_micro, spec.virtual_stages
@@ -322,70 +304,77 @@ def _programs(spec: PipelineSpec, ids: dict[tuple, int]) -> dict[int, list[int]]
 
 
 def _run(ops: list[_Op], programs: dict[int, list[int]]) -> list[tuple[float, float]]:
-    """List scheduling driven by completion events; returns (start, end) per operation.
-
-    A stage starts the next operation of its program once its inputs are in; a link serves
-    ready asynchronous sends first come, first served (ties: creation order).
-    """
+    """List scheduling driven by completion events; returns (start, end) per operation."""
     waiting = [len(o.deps) for o in ops]
     dependents: list[list[int]] = [[] for _ in ops]
     for j, o in enumerate(ops):
         for d in o.deps:
             dependents[d].append(j)
-    head = {dev: 0 for dev in programs}
-    ready: dict[int, float] = {}                      # owned operations whose inputs are in
-    queues: dict[Hashable, list] = {}                 # per link channel: (ready time, id) heaps
-    busy: set[Hashable] = set()
-    times: list[tuple[float, float]] = [(0.0, 0.0)] * len(ops)
-    heap: list[tuple[float, int]] = []
-    t, done = 0.0, 0
-    _release(ops, [j for j, w in enumerate(waiting) if w == 0], t, ready, queues)
-    while True:
-        for j in _candidates(programs, head, ready, queues):
-            o = ops[j]
-            if busy.isdisjoint(o.resources):
-                busy.update(o.resources)
-                if o.owner is None:
-                    heapq.heappop(queues[o.resources[0]])
-                else:
-                    head[o.owner] += 1
-                    del ready[j]
-                times[j] = (t, t + o.duration)
-                heapq.heappush(heap, (t + o.duration, j))
-        if not heap:
-            break
-        t, finished = heap[0][0], []
-        while heap and heap[0][0] == t:
-            j = heapq.heappop(heap)[1]
+    run = _Scheduler(ops, programs)
+    run.release([j for j, w in enumerate(waiting) if w == 0], 0.0)
+    done = 0
+    while run.start_all():
+        for j in run.finish_next():
             done += 1
-            busy.difference_update(ops[j].resources)
             for d in dependents[j]:
                 waiting[d] -= 1
-                finished += [d] if waiting[d] == 0 else []
-        _release(ops, finished, t, ready, queues)
+            run.release([d for d in dependents[j] if waiting[d] == 0], run.now)
     if done != len(ops):
         raise RuntimeError(f"schedule deadlocked after {done} of {len(ops)} operations")
-    return times
+    return run.times
 
 
-def _release(ops: list[_Op], ids: list[int], t: float, ready: dict[int, float],
-             queues: dict[Hashable, list]) -> None:
-    """Mark operations whose inputs are all in at ``t`` as ready."""
-    for j in ids:
-        if ops[j].owner is None:
-            heapq.heappush(queues.setdefault(ops[j].resources[0], []), (t, j))
-        else:
-            ready[j] = t
+class _Scheduler:
+    """Mutable state of one simulation (internal): a stage starts the next operation of its
+    program once its inputs are in; a link serves ready asynchronous sends first come, first
+    served (ties: creation order)."""
 
+    def __init__(self, ops: list[_Op], programs: dict[int, list[int]]) -> None:
+        self.ops, self.programs = ops, programs
+        self.head = dict.fromkeys(programs, 0)
+        self.ready: dict[int, float] = {}           # owned operations whose inputs are in
+        self.queues: dict[Hashable, list] = {}      # per link channel: (ready time, id) heap
+        self.busy: set[Hashable] = set()
+        self.times: list[tuple[float, float]] = [(0.0, 0.0)] * len(ops)
+        self.running: list[tuple[float, int]] = []  # (end, id) heap
+        self.now = 0.0
 
-def _candidates(programs: dict[int, list[int]], head: dict[int, int], ready: dict[int, float],
-                queues: dict[Hashable, list]) -> list[int]:
-    """Operations that may start now if their resources are free: each stage's next program
-    operation when ready, and the first ready send of each link channel; earliest ready first."""
-    out = [(ready[prog[head[dev]]], prog[head[dev]]) for dev, prog in programs.items()
-           if head[dev] < len(prog) and prog[head[dev]] in ready]
-    out += [q[0] for q in queues.values() if q]
-    return [j for _, j in sorted(out)]
+    def release(self, ids: list[int], t: float) -> None:
+        """Operations whose inputs are all in at ``t``."""
+        for j in ids:
+            if self.ops[j].owner is None:
+                heapq.heappush(self.queues.setdefault(self.ops[j].resources[0], []), (t, j))
+            else:
+                self.ready[j] = t
+
+    def start_all(self) -> bool:
+        """Start what can start now, earliest ready first; False when nothing is running."""
+        cands = [(self.ready[prog[i]], prog[i]) for dev, prog in self.programs.items()
+                 if (i := self.head[dev]) < len(prog) and prog[i] in self.ready]
+        cands += [q[0] for q in self.queues.values() if q]
+        for _, j in sorted(cands):
+            o = self.ops[j]
+            if not self.busy.isdisjoint(o.resources):
+                continue
+            self.busy.update(o.resources)
+            if o.owner is None:
+                heapq.heappop(self.queues[o.resources[0]])
+            else:
+                self.head[o.owner] += 1
+                del self.ready[j]
+            self.times[j] = (self.now, self.now + o.duration)
+            heapq.heappush(self.running, (self.now + o.duration, j))
+        return bool(self.running)
+
+    def finish_next(self) -> list[int]:
+        """Advance to the next completion time; the operations ending then, resources freed."""
+        self.now = self.running[0][0]
+        out = []
+        while self.running and self.running[0][0] == self.now:
+            j = heapq.heappop(self.running)[1]
+            self.busy.difference_update(self.ops[j].resources)
+            out.append(j)
+        return out
 
 
 def _summarize(spec: PipelineSpec, ops: list[_Op], times: list[tuple[float, float]],

@@ -8,6 +8,7 @@ global pyplot state or backend is touched.
 from __future__ import annotations
 
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Sequence
 
 from solver.errors import InputError
@@ -16,12 +17,14 @@ from solver.pipeline import EventKind, SimResult
 if TYPE_CHECKING:
     from solver.simulate_report import SimulatedPlan
 
-#: Colours by event kind, and of idle time (the bubbles).
-COLOURS = {EventKind.FORWARD: "#4C72B0", EventKind.BACKWARD: "#DD8452",
-           EventKind.SEND_ACTIVATION: "#55A868", EventKind.SEND_GRADIENT: "#8172B3"}
+#: Colours by event kind (read-only), and of idle time (the bubbles).
+COLOURS = MappingProxyType({EventKind.FORWARD: "#4C72B0", EventKind.BACKWARD: "#DD8452",
+                            EventKind.SEND_ACTIVATION: "#55A868",
+                            EventKind.SEND_GRADIENT: "#8172B3"})
 IDLE_COLOUR = "#F4CCCC"
-LABELS = {EventKind.FORWARD: "forward", EventKind.BACKWARD: "backward",
-          EventKind.SEND_ACTIVATION: "send activation", EventKind.SEND_GRADIENT: "send gradient"}
+LABELS = MappingProxyType({EventKind.FORWARD: "forward", EventKind.BACKWARD: "backward",
+                           EventKind.SEND_ACTIVATION: "send activation",
+                           EventKind.SEND_GRADIENT: "send gradient"})
 MAX_LABELLED_EVENTS = 240   # beyond this, micro-batch numbers in the bars are unreadable
 
 
@@ -73,8 +76,10 @@ def _gantt(ax: Any, result: SimResult, labels: Sequence[str]) -> None:
                         ha="center", va="center", fontsize=6, color="white")
     ticks = sorted(rows.items(), key=lambda kv: kv[1])
     ax.set_yticks([y for _, y in ticks])
-    ax.set_yticklabels([labels[k[1]] if k[0] == "stage" else f"link {k[1]}" for k, _ in ticks],
-                       fontsize=8)
+    # Transfers are often too short to see at this scale: the label says how busy the link is.
+    ax.set_yticklabels([labels[k[1]] if k[0] == "stage" else
+                        f"link {k[1]}\n{1e3 * result.link_busy_s[k[1]]:,.0f} ms busy"
+                        for k, _ in ticks], fontsize=8)
     ax.set_ylim(2 * p - 1.5, -0.5)
     ax.set_xlim(0.0, result.makespan_s)
     ax.set_xlabel("time in the iteration (s)")
@@ -84,7 +89,7 @@ def _gantt(ax: Any, result: SimResult, labels: Sequence[str]) -> None:
 def _layer_split(ax: Any, split: Sequence[tuple[str, int, int]], layers: int) -> None:
     """One vertical bar of the model's layers, coloured by the stage that runs them."""
     # Neutral shades: the event colours mean forward/backward/send in the chart beside it.
-    palette = ["#5F6B73", "#8C9A5B", "#3E8E94", "#A67C52", "#7A6A8F", "#9A9A9A", "#4F7A5A"]
+    palette = ("#5F6B73", "#8C9A5B", "#3E8E94", "#A67C52", "#7A6A8F", "#9A9A9A", "#4F7A5A")
     for i, (label, start, end) in enumerate(split):
         ax.bar(0, end - start, bottom=start, width=1.0, color=palette[i % len(palette)],
                edgecolor="white")

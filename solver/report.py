@@ -45,3 +45,27 @@ def island_rows(islands: Sequence[Island]) -> list[dict[str, Any]]:
     return [{"island": i.name, "gpu": i.gpu.name, "nodes": len(i.nodes), "gpus": i.gpus,
              "TFLOP/s/gpu": i.tflops_per_gpu, "HBM GB": i.hbm_gb, "total TFLOP/s": i.total_tflops}
             for i in islands]
+
+
+# Wall-clock measurements in JSON payloads: the only values that differ between two runs of the
+# same input. ``--stable-json`` writes them as 0.0 so that outputs can be compared byte for byte.
+WALL_CLOCK_KEYS = frozenset({"time_s", "replan_time_s", "planning_time_s", "wall_time_s"})
+
+
+def without_wall_clock(payload: Any) -> Any:
+    """``payload`` with every wall-clock value (keys in WALL_CLOCK_KEYS) replaced by 0.0."""
+    if isinstance(payload, dict):
+        return {k: (0.0 if k in WALL_CLOCK_KEYS and isinstance(v, (int, float)) else
+                    without_wall_clock(v)) for k, v in payload.items()}
+    if isinstance(payload, list):
+        return [without_wall_clock(v) for v in payload]
+    return payload
+
+
+def emit_json(payload: Any, args: Any) -> None:
+    """Print ``payload`` as indented JSON; ``args.stable_json`` zeroes wall-clock times."""
+    import json
+    import sys
+    if getattr(args, "stable_json", False):
+        payload = without_wall_clock(payload)
+    sys.stdout.write(json.dumps(payload, indent=2) + "\n")

@@ -6,6 +6,10 @@ inside their latency), each split into forward and backward in its stage's ``fwd
 ratio. Boundary links carry ``c / 2`` each way (activation, gradient: same bytes). The simulated
 iteration time adds the plan's per-iteration terms (DP sync, optimizer step), exactly as the
 closed form does, so the two differ only in the pipeline part.
+
+Closed forms of a :class:`~solver.pipeline.PipelineSpec` live here too: eq. 5/eq. 9
+(:func:`closed_form`), GPipe's exact makespan (:func:`gpipe_time`) and eq. 5 corrected for 1F1B's
+in-flight limit (:func:`round_trip_estimate`).
 """
 
 from __future__ import annotations
@@ -14,9 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from solver.pipeline import (PipelineSpec, ScheduleKind, SimResult, TransferMode, closed_form,
-                             simulate)
-from solver.plan import Plan
+from solver.pipeline import PipelineSpec, ScheduleKind, SimResult, TransferMode, simulate
+from solver.plan import Plan, cycle_time
 
 
 def pipeline_spec(plan: Plan, schedule: ScheduleKind = ScheduleKind.ONE_F_ONE_B,
@@ -81,6 +84,39 @@ def run_simulation(plan: Plan, schedule: ScheduleKind = ScheduleKind.ONE_F_ONE_B
     return SimulatedPlan(plan, spec, simulate(spec))
 
 
+def closed_form(spec: PipelineSpec, overlap: bool = False) -> float:
+    """Eq. 5 with links as stages (or eq. 9 with ``overlap``) for the spec's τ's and links."""
+    return cycle_time(spec.taus, spec.links_s, spec.n_micro, overlap)
+
+
+def gpipe_time(spec: PipelineSpec) -> float:
+    """Exact GPipe makespan: two identical-job flow shops (see :mod:`solver.pipeline`)."""
+    half = [c / 2 for c in spec.links_s]
+    if spec.transfers is TransferMode.BLOCKING:
+        fwd = [f + c for f, c in zip(spec.fwd_s, half + [0.0])]
+        bwd = [b + c for b, c in zip(spec.bwd_s, [0.0] + half)]
+    else:
+        fwd, bwd = list(spec.fwd_s) + half, list(spec.bwd_s) + half
+    n = spec.n_micro
+    return sum(fwd) + sum(bwd) + (n - 1) * (max(fwd) + max(bwd))
+
+
+def round_trip_estimate(spec: PipelineSpec) -> float:
+    """Eq. 5 with 1F1B's in-flight limit: a closer closed form of the simulated 1F1B time.
+
+    Stage ``i`` holds at most ``P − i`` micro-batches, and one that enters it returns after the
+    round trip ``R_i = Σ_{j≥i} τ_j + Σ_{j≥i} c_j``; so (Little's law) stage ``i`` finishes at most
+    ``P − i`` micro-batches per ``R_i`` and the period is at least ``R_i / (P − i)``:
+    ``T ≈ (n − 1)·max(τ_max, c_max, max_i R_i / (P − i)) + Στ + Σc``. Without links and with equal
+    stages ``R_i / (P − i) = τ`` and this is eq. 5; links make ``R_0 / P = τ + Σc / P``.
+    """
+    taus, links, p = spec.taus, list(spec.links_s), spec.stages
+    period = max(taus + links)
+    for i in range(p):
+        period = max(period, (sum(taus[i:]) + sum(links[i:])) / (p - i))
+    return (spec.n_micro - 1) * period + sum(taus) + sum(links)
+
+
 @dataclass(frozen=True)
 class ObjectiveCheck:
     """The two closed forms of a plan against its simulated 1F1B time (all include the plan's
@@ -92,6 +128,8 @@ class ObjectiveCheck:
         Eq. 5 with links as stages of their own.
     eq9_s : float
         Eq. 9: ``e_i = max(τ_i, c_i)``.
+    round_trip_s : float
+        :func:`round_trip_estimate`.
     simulated_s : float
         Simulated 1F1B with asynchronous transfers.
     simulated_blocking_s : float
@@ -100,6 +138,7 @@ class ObjectiveCheck:
 
     links_as_stages_s: float
     eq9_s: float
+    round_trip_s: float
     simulated_s: float
     simulated_blocking_s: float
 
@@ -114,7 +153,8 @@ def check_objectives(plan: Plan) -> ObjectiveCheck:
     spec = pipeline_spec(plan)
     blocking = run_simulation(plan, transfers=TransferMode.BLOCKING)
     return ObjectiveCheck(closed_form(spec) + extra, closed_form(spec, overlap=True) + extra,
-                          simulate(spec).makespan_s + extra, blocking.iteration_time_s)
+                          round_trip_estimate(spec) + extra, simulate(spec).makespan_s + extra,
+                          blocking.iteration_time_s)
 
 
 def simulate_plan(plan: Plan, plot_file: str | Path | None = None) -> dict[str, Any]:
@@ -144,11 +184,11 @@ def simulate_plan(plan: Plan, plot_file: str | Path | None = None) -> dict[str, 
         "simulated_transfers": TransferMode.ASYNC.value,
         "simulated_iteration_time_s": _r(sim.iteration_time_s),
         "closed_form_iteration_time_s": _r(closed),
-        "simulated_vs_closed_form": round(sim.iteration_time_s / closed - 1.0, 5),
+        "simulated_vs_closed_form": round(sim.iteration_time_s / closed - 1.0, 5) + 0.0,
         "eq5_iteration_time_s": _r(closed_form(sim.spec) + extra),
         "eq9_iteration_time_s": _r(closed_form(sim.spec, overlap=True) + extra),
         "simulated_tokens_per_s": _r(sim.tokens_per_s),
-        "simulated_bubble_ratio": round(sim.result.bubble_ratio, 5),
+        "simulated_bubble_ratio": round(sim.result.bubble_ratio, 5) + 0.0,
         "simulated_peak_in_flight": list(sim.result.peak_in_flight),
         "planned_in_flight": planned_in_flight(plan),
     }

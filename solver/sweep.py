@@ -3,10 +3,9 @@
 For every ``n`` dividing the global batch the job is planned from scratch and composed exactly
 (:func:`solver.planner.plan_job`, which validates). Nothing worth caching is independent of ``n``:
 the micro-batch ``B / n`` changes every latency, memory and link time, and so every parallelizer
-call; what is independent (islands, the link model's bandwidths) costs under a millisecond per
-``n`` against seconds of candidate generation (measured on the seed job: islands 0.8 ms,
-parallelizer 98 % of a 2.5 s plan). The sweep therefore parallelizes over ``n`` instead
-(``workers``).
+call; what is independent (islands, the link model's bandwidths) costs 0.4 ms per ``n`` against
+about a second of planning, 90 % of it in the parallelizer (measured on the seed and three-gen
+jobs). The sweep therefore parallelizes over ``n`` instead (``workers``).
 
 Eq. (10) of the seed note, ``n* = argmax_n B / ((n − 1) τ_max + Σ τ)``, holds the τ's fixed, which
 makes ``n* = 1``. Read with τ and c ∝ 1/n (the micro-batch shrinks), ``T(n)`` decreases in ``n``

@@ -66,20 +66,25 @@ def _run(job: JobSpec, rules: Rule, n_micro: int, solver: SolverKind = SolverKin
     return plan, run.cache.calls, time.perf_counter() - start
 
 
-def ablation(job: JobSpec, n_micro: int, rule_sets=ABLATION) -> tuple[Row, list[Row]]:
-    """The unpruned row and one row per rule set."""
+def ablation_rows(job: JobSpec, n_micro: int, rule_sets=ABLATION):
+    """Yield the unpruned row, then one row per rule set (a generator, so that an interrupted
+    run can still report the rows it finished)."""
     base, calls, t = _run(job, Rule.NONE, n_micro)
     ref = base.iteration_time_s if base else None
-    unpruned = Row(Rule.NONE, ref, calls, t, True, 0.0)
-    rows = []
+    yield Row(Rule.NONE, ref, calls, t, True, 0.0)
     for rules in rule_sets:
         plan, calls, t = _run(job, rules, n_micro)
         obj = plan.iteration_time_s if plan else None
         kept = (obj is None and ref is None) or (
             obj is not None and ref is not None and math.isclose(obj, ref, rel_tol=REL_TOL))
         loss = 0.0 if kept or ref is None else (math.inf if obj is None else obj / ref - 1)
-        rows.append(Row(rules, obj, calls, t, kept, loss))
-    return unpruned, rows
+        yield Row(rules, obj, calls, t, kept, loss)
+
+
+def ablation(job: JobSpec, n_micro: int, rule_sets=ABLATION) -> tuple[Row, list[Row]]:
+    """The unpruned row and one row per rule set."""
+    rows = list(ablation_rows(job, n_micro, rule_sets))
+    return rows[0], rows[1:]
 
 
 def cross_check(job: JobSpec, n_micro: int, rules: Rule = Rule.paper()

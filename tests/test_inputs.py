@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SHIPPED_CLUSTERS, SHIPPED_JOBS
+from conftest import SHIPPED_JOBS
 from solver.cli import main
 from solver.errors import InputError
 from solver.loaders import INSTANCES, load_catalog, load_job, load_model

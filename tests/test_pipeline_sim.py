@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from solver.pipeline import (EventKind, LinkDuplex, PipelineSpec, ScheduleKind, TransferMode,
-                             closed_form, gpipe_time, program, simulate)
+                             program, simulate)
+from solver.simulate_report import closed_form, gpipe_time
 
 GPIPE, ONE_F_ONE_B, INTERLEAVED = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, \
     ScheduleKind.INTERLEAVED

@@ -11,7 +11,6 @@ import pytest
 
 import solver.candidates as candidates
 from solver.cli import main
-from solver.errors import InfeasibleError
 from solver.loaders import INSTANCES, load_job
 from solver.parallelizer import AnalyticParallelizer, MemoryBreakdown, PartialPlan, PlanContext
 from solver.plan import cycle_time

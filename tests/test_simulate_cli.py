@@ -10,10 +10,10 @@ import pytest
 from solver.baselines import Baseline, plan_baseline
 from solver.cli import main
 from solver.loaders import INSTANCES, load_job
-from solver.pipeline import closed_form, simulate
+from solver.pipeline import PipelineSpec, simulate
 from solver.planner import plan_job
-from solver.simulate_report import (check_objectives, pipeline_spec, planned_in_flight,
-                                    simulate_plan)
+from solver.simulate_report import (check_objectives, closed_form, pipeline_spec,
+                                    planned_in_flight, round_trip_estimate, simulate_plan)
 
 MINI = """
 description = "test: Llama 2 7B on one H100 node and two A100 nodes"
@@ -132,3 +132,12 @@ def test_overlap_demo_changes_the_plan():
     assert [s.island.gpu.name for s in with_overlap.stages] == ["A10", "H100-SXM-80GB"]
     assert [s.island.gpu.name for s in without.stages] == ["H100-SXM-80GB"]
     assert check_objectives(with_overlap).simulated_s > check_objectives(without).simulated_s
+
+
+def test_round_trip_estimate_by_hand():
+    # f = (1, 1), b = (2, 2), c = 2, n = 4 (simulated 19, eq. 5 17; tests/test_pipeline_sim.py):
+    # R_0 = 3 + 3 + 2 = 8 over 2 slots → period 4; R_1 = 3 over 1 → 3; T ≈ 3·4 + 6 + 2 = 20.
+    assert round_trip_estimate(PipelineSpec((1.0, 1.0), (2.0, 2.0), (2.0,), 4)) == 20.0
+    # equal stages, no links: R_i / (P − i) = τ, eq. 5 exactly: (6 − 1)·3 + 9 = 24
+    equal = PipelineSpec((1.0,) * 3, (2.0,) * 3, (0.0, 0.0), 6)
+    assert round_trip_estimate(equal) == 24.0 == closed_form(equal) == simulate(equal).makespan_s

@@ -155,3 +155,9 @@ def test_cli_nothing_fits_exits_3(tmp_path, capsys):
     path.write_text(MINI.replace('"llama2-7b"', '"llama3.1-405b"'))
     assert main(["sweep", str(path), "--n-micro", "8..8"]) == 3
     assert capsys.readouterr().err.startswith("no plan: ")
+
+
+def test_workers_give_the_same_curve(mini_path, mini_sweep):
+    parallel = sweep(load_job(mini_path), ns=[2, 8, 32], workers=2)
+    assert [p.iteration_time_s for p in parallel.points] == \
+        [p.iteration_time_s for p in mini_sweep.points]

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import enum
-import json
 
 from solver.compose import (CompositionResult, SolveStatus, TooLargeError, compose_brute,
                             compose_dp, explain_infeasible)
 from solver.errors import InfeasibleError, InputError
-from solver.report import render_table
+from solver.report import render_table, emit_json
 from solver.table import LatencyTable, load_table
 
 
@@ -72,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if not result.feasible:
         raise InfeasibleError(f"{args.table}: {_why(table, result, args.time_limit)}")
     if args.json:
-        print(json.dumps(result_json(result), indent=2))
+        emit_json(result_json(result), args)
     else:
         print(_plain(args.table, table, result))
     return 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 
+from solver.report import emit_json
 from solver.efficiency import DEFAULT_CALIBRATION
 from solver.estimate import Estimate, EstimateSetup, estimate
 from solver.estimate_config import load_estimate_setup
@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     calib = dataclasses.replace(DEFAULT_CALIBRATION, attention=attention)
     result = estimate(setup, calib)
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+        emit_json(result.to_json(), args)
     else:
         print("\n".join(_lines(setup, result)))
     return 0

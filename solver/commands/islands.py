@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from solver.errors import InputError
 from solver.fields import read_toml
 from solver.islands import IslandSet, Thresholds, build_islands
 from solver.loaders import INSTANCES, load_catalog, load_cluster, load_job
-from solver.report import island_rows, islands_json, render_table
+from solver.report import island_rows, islands_json, render_table, emit_json
 from solver.specs import ClusterSpec
 
 
@@ -51,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         payload["exact"] = {"islands": exact.islands, "loss": round(exact.loss, 6),
                             "optimal": exact.optimal, "groups": [list(g) for g in exact.groups]}
     if args.json:
-        print(json.dumps(payload, indent=2))
+        emit_json(payload, args)
         return 0
     print(f"cluster {cluster.name}: {cluster.total_gpus} GPUs in {len(cluster.nodes)} nodes")
     print(render_table(island_rows(result.islands)))

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from solver.baselines import Baseline, plan_baseline
 from solver.loaders import load_job
 from solver.plan import Plan, plan_json
-from solver.planner import PlannerConfig, plan_job
-from solver.report import island_json, island_rows, render_table
+from solver.planner import PlannerConfig
+from solver.report import island_json, island_rows, render_table, emit_json
 from solver.specs import FeaturePreset, SolverKind
 
 
@@ -53,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         payload = plan_json(plan, [island_json(i) for i in plan.islands.islands])
         payload.update(extra)
-        print(json.dumps(payload, indent=2))
+        emit_json(payload, args)
         return 0
     print(render_plan(plan))
     for key, value in extra.items():

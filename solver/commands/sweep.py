@@ -4,7 +4,7 @@ For every n in the range that divides the global batch the job is planned and co
 (each plan validated). ``--json`` prints the public contract
 ``{"points": [{"n_micro", "iteration_time_s", "tokens_per_s", "bubble_ratio", "feasible"}],
 "best": {...same keys...}}`` (infeasible points carry nulls). Text mode adds eq. (10)'s
-predictions from the best plan. No feasible n: exit 3.
+predictions from the plan at the job's own n_micro (else the best plan). No feasible n: exit 3.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from solver.loaders import load_job
 from solver.planner import PlannerConfig
 from solver.report import render_table
 from solver.specs import FeaturePreset, JobSpec, SolverKind
-from solver.sweep import (MAX_AUTO_MICRO, NStarModel, SweepResult, candidate_n_micro, eq10,
-                          sweep, sweep_json)
+from solver.sweep import (MAX_AUTO_MICRO, NStarModel, SweepPoint, SweepResult,
+                          candidate_n_micro, eq10, sweep, sweep_json)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -80,31 +80,37 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def reference_point(job: JobSpec, result: SweepResult) -> SweepPoint:
+    """The plan eq. (10) extrapolates from: the job's own n_micro if swept and feasible, else
+    the best point."""
+    own = [p for p in result.points if p.n_micro == job.training.n_micro and p.feasible]
+    return own[0] if own else result.best
+
+
 def render_sweep(job: JobSpec, result: SweepResult) -> str:
-    """The curve as a table, the best n, and eq. (10)'s predictions from the best plan."""
+    """The curve as a table beside eq. (10)'s predictions, and the best n."""
+    ref = reference_point(job, result)
+    ns = [p.n_micro for p in result.points]
+    scaled = eq10(ref.plan, ns, NStarModel.SCALED)
+    fixed = eq10(ref.plan, ns, NStarModel.FIXED_LAYOUT)
     rows = []
-    for p in result.points:
+    for p, (_, t_scaled), (_, t_fixed) in zip(result.points, scaled.curve, fixed.curve):
         rows.append({"n_micro": p.n_micro, "micro-batch": job.training.global_batch // p.n_micro,
                      "iteration s": p.iteration_time_s if p.feasible else "-",
                      "tokens/s": p.tokens_per_s if p.feasible else "-",
                      "bubble": f"{p.bubble_ratio:.1%}" if p.feasible else "-",
                      "stages": len(p.plan.stages) if p.feasible else "-",
-                     "feasible": "yes" if p.feasible else "no"})
+                     "eq10 scaled s": t_scaled,
+                     "eq10 fixed s": "-" if t_fixed is None else t_fixed})
     best = result.best
-    ns = [p.n_micro for p in result.points]
-    scaled = eq10(best.plan, ns, NStarModel.SCALED)
-    fixed = eq10(best.plan, ns, NStarModel.FIXED_LAYOUT)
-    fixed_t = dict(fixed.curve)
-    lines = [f"job {job.name}: n_micro sweep, global batch {job.training.global_batch} x "
-             f"{job.training.seq_len} tokens", "", render_table(rows), "",
-             f"best n_micro {best.n_micro}: iteration {best.iteration_time_s:.3f} s, "
-             f"{best.tokens_per_s:,.0f} tokens/s, bubble {best.bubble_ratio:.1%}",
-             f"eq. (10), tau and c scaled 1/n from the best plan: n* = {scaled.n_star}",
-             f"eq. (10), the best plan's layout re-costed at each n: n* = {fixed.n_star} "
-             f"({fixed_t[fixed.n_star]:.3f} s)" if fixed.n_star else
-             "eq. (10), the best plan's layout re-costed at each n: no n fits",
-             f"planned {len(ns)} values of n_micro in {result.elapsed_s:.1f} s"]
-    return "\n".join(lines)
+    return "\n".join([
+        f"job {job.name}: n_micro sweep, global batch {job.training.global_batch} x "
+        f"{job.training.seq_len} tokens", "", render_table(rows), "",
+        f"best n_micro {best.n_micro}: iteration {best.iteration_time_s:.3f} s, "
+        f"{best.tokens_per_s:,.0f} tokens/s, bubble {best.bubble_ratio:.1%}",
+        f"eq. (10) from the plan at n_micro {ref.n_micro}: n* = {scaled.n_star} with tau and c "
+        f"scaled 1/n (eq10 scaled), n* = {fixed.n_star} with its layout re-costed (eq10 fixed)",
+        f"planned {len(ns)} values of n_micro in {result.elapsed_s:.1f} s"])
 
 
 def _plot(job: JobSpec, result: SweepResult, path: str) -> None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 
 from solver.loaders import load_job
 from solver.plan import _r
-from solver.report import render_table
-from solver.verify import ablation, cross_check
+from solver.report import render_table, emit_json
+from solver.verify import ablation_rows, cross_check
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,8 +30,17 @@ def run(args: argparse.Namespace) -> int:
     """Print the ablation table and the solver cross-check."""
     job = load_job(args.job)
     n = _n_micro(job)
-    unpruned, rows = ablation(job, n)
-    solvers = cross_check(job, n)
+    done = []
+    try:
+        for row in ablation_rows(job, n):
+            done.append(row)
+        solvers = cross_check(job, n)
+    except KeyboardInterrupt:
+        if done:
+            print(render_table(_text_rows(done[0], done[1:])))
+        print(f"interrupted after {len(done)} of 6 ablation rows", file=sys.stderr)
+        return 130
+    unpruned, rows = done[0], done[1:]
     if args.json:
         payload = {
             "unpruned": {"objective_s": _opt(unpruned.objective_s),
@@ -42,8 +51,17 @@ def run(args: argparse.Namespace) -> int:
                           "optimum_kept": r.optimum_kept} for r in rows],
             "solvers": {k: (_opt(v) if isinstance(v, float) or v is None else v)
                         for k, v in solvers.items()}}
-        print(json.dumps(payload, indent=2))
+        emit_json(payload, args)
         return 0
+    print(f"job {job.name}, n_micro {n}")
+    print(render_table(_text_rows(unpruned, rows)))
+    print("solvers on the rules-1,2,3,4 candidate set: " + ", ".join(
+        f"{k} {_txt(v)}" for k, v in solvers.items() if k != "agree")
+        + f" -> {'agree' if solvers['agree'] else 'DISAGREE'}")
+    return 0
+
+
+def _text_rows(unpruned, rows) -> list[dict]:
     table = [{"rules": "none (unpruned)", "calls": unpruned.parallelizer_calls,
               "time s": unpruned.time_s, "objective s": _txt(unpruned.objective_s),
               "optimum kept": "-", "reduction": "1.0x"}]
@@ -52,12 +70,7 @@ def run(args: argparse.Namespace) -> int:
                       "objective s": _txt(r.objective_s),
                       "optimum kept": "yes" if r.optimum_kept else f"NO (+{r.loss:.2%})",
                       "reduction": f"{unpruned.parallelizer_calls / max(r.parallelizer_calls, 1):.1f}x"})
-    print(f"job {job.name}, n_micro {n}")
-    print(render_table(table))
-    print("solvers on the rules-1,2,3,4 candidate set: " + ", ".join(
-        f"{k} {_txt(v)}" for k, v in solvers.items() if k != "agree")
-        + f" -> {'agree' if solvers['agree'] else 'DISAGREE'}")
-    return 0
+    return table
 
 
 def _opt(v):

@@ -17,7 +17,8 @@ from solver.errors import InfeasibleError, InputError
 
 # Subcommand modules live in ``solver.commands``; each exposes ``register(subparsers)``, which adds
 # its parser and sets ``func``. The listing order below is the order of ``tangram --help``.
-FIRST = ("islands", "estimate", "compose", "plan", "verify")
+FIRST = ("islands", "estimate", "compose", "plan", "verify", "sweep", "bench", "gen", "replan",
+         "pareto", "sweep_islands")
 
 
 def command_modules() -> list[str]:

@@ -38,7 +38,7 @@ from solver.islands import IslandSet
 from solver.planner import PlannerConfig, PlanningRun, plan_job, start_run
 from solver.plancache import CachingParallelizer, MemoryStore
 from solver.specs import Island, JobSpec, PlannerOptions
-from solver.sweep import candidate_n_micro
+from solver.sweep import candidate_n_micro, plan_auto
 
 REL_TOL = 1e-9  # budgets and targets are met within this relative tolerance
 
@@ -274,9 +274,11 @@ def plan_with_targets(job: JobSpec, config: PlannerConfig = PlannerConfig(),
         Nothing meets the budget / target (the message names the closest plan).
     """
     opts = job.planner
-    par = parallelizer or default_parallelizer(job, config)
     if opts.max_usd_per_hour is None and opts.min_tokens_per_s is None:
-        return plan_auto_with(job, config, par)
+        # Exactly what `tangram plan` did before these options existed.
+        return plan_auto(job, config) if parallelizer is None else \
+            plan_auto_with(job, config, parallelizer)
+    par = parallelizer or default_parallelizer(job, config)
     if opts.min_tokens_per_s is None:
         base = SubsetPlan.of(plan_auto_with(job, config, par))
         if meets(base, opts):

@@ -9,6 +9,7 @@ import argparse
 import json
 from dataclasses import replace
 
+from solver.errors import InputError
 from solver.island_sweep import (SweepPoint, changes, compute_gaps, parse_range, sample_values,
                                  sweep_json, sweep_tau_c)
 from solver.loaders import load_job
@@ -33,9 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _job(args: argparse.Namespace) -> JobSpec:
-    from solver.errors import InputError
+    """The job with the threshold overrides of the command line."""
     job = load_job(args.job)
-    over = {k: getattr(args, k) for k in ("tau_m", "tau_b", "t_merge") if getattr(args, k) is not None}
+    over = {k: getattr(args, k) for k in ("tau_m", "tau_b", "t_merge")
+            if getattr(args, k) is not None}
     for key, value in over.items():
         if not 0.0 <= value <= 1.0:
             raise InputError("<cli>", f"--{key.replace('_', '-')}", f"must be in [0, 1], got {value}")

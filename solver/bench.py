@@ -41,6 +41,8 @@ class SolverStatus(enum.Enum):
 
     OPTIMAL = "optimal"          #: plan, optimality proven
     LIMIT = "limit"              #: plan, optimality not proven (a time limit was hit)
+    UNPROVEN = "unproven"        #: plan the planner calls optimal, but the run outlasted one
+    #: solve's time limit, and a solve that times out without any plan is not flagged by it
     INFEASIBLE = "infeasible"    #: no plan, and no time limit was hit: proven
     NO_PLAN_LIMIT = "no plan within limit"  #: no plan, but a limit may have cut the search
 
@@ -203,6 +205,9 @@ def unpruned_calls(job: JobSpec, n_micro: int) -> int:
     return run.cache.calls
 
 
+_UNPROVEN = (SolverStatus.LIMIT, SolverStatus.UNPROVEN, SolverStatus.NO_PLAN_LIMIT)
+
+
 def agreement(runs: Sequence[SolverRun]) -> bool | None:
     """Whether the solvers agree: every one proved its answer and the answers match.
 
@@ -210,7 +215,7 @@ def agreement(runs: Sequence[SolverRun]) -> bool | None:
     """
     if len(runs) < 2:
         return None
-    if any(r.status in (SolverStatus.LIMIT, SolverStatus.NO_PLAN_LIMIT) for r in runs):
+    if any(r.status in _UNPROVEN for r in runs):
         return False
     values = [r.objective_s for r in runs]
     if all(v is None for v in values):
@@ -240,17 +245,18 @@ def solver_runs(job: JobSpec, config: PlannerConfig, run: PlanningRun,
 
 def _solver_run(kind: SolverKind, plan: Plan | None, elapsed: float, limit: float) -> SolverRun:
     # Each CP-SAT / MILP solve is limited, so a run shorter than one limit hit none. A longer run
-    # may have: the planner reads a solve that ended without a plan as "infeasible at that depth",
-    # so neither "no plan" nor "optimal" is a proof then.
+    # may have, and the planner skips a pipeline depth whose solve timed out without any plan, so
+    # neither its "no plan" nor its "optimal" is a proof then.
     limited = kind is not SolverKind.DP and elapsed >= limit
     if plan is None:
         status = SolverStatus.NO_PLAN_LIMIT if limited else SolverStatus.INFEASIBLE
         return SolverRun(kind.value, status, None, elapsed)
     info = plan.solver
-    proven = info.optimal and not limited
-    return SolverRun(kind.value, SolverStatus.OPTIMAL if proven else SolverStatus.LIMIT,
-                     plan.iteration_time_s, elapsed, None if proven else info.bound,
-                     None if proven else info.gap)
+    if not info.optimal:
+        return SolverRun(kind.value, SolverStatus.LIMIT, plan.iteration_time_s, elapsed,
+                         info.bound, info.gap)
+    status = SolverStatus.UNPROVEN if limited else SolverStatus.OPTIMAL
+    return SolverRun(kind.value, status, plan.iteration_time_s, elapsed)
 
 
 def baseline_runs(job: JobSpec, tangram: Plan | None, note: str = "") -> tuple[BaselineRun, ...]:

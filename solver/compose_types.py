@@ -180,6 +180,8 @@ def _restriction_problems(table: LatencyTable, stages: Sequence[StageAssignment]
             problems.append(f"banned link {a.island} -> {b.island}")
     if r.max_stages is not None and len(stages) > r.max_stages:
         problems.append(f"{len(stages)} stages exceed max_stages {r.max_stages}")
+    if r.budget is not None and not r.budget.allows([s.island for s in stages]):
+        problems.append(f"islands {[s.island for s in stages]} exceed the budget {r.budget.limit}")
     return problems
 
 

@@ -35,7 +35,8 @@ def parse_range(text: str, key: str = "--tau-c") -> tuple[float, float]:
     except ValueError:
         lo = hi = float("nan")
     if not sep or not (0.0 <= lo <= hi <= 1.0):
-        raise InputError("<cli>", key, f"must be LOW..HIGH with 0 <= LOW <= HIGH <= 1, got {text!r}")
+        raise InputError("<cli>", key,
+                         f"must be LOW..HIGH with 0 <= LOW <= HIGH <= 1, got {text!r}")
     return lo, hi
 
 
@@ -76,8 +77,11 @@ def sample_values(lo: float, hi: float, steps: int, gaps: list[Gap]) -> list[flo
     if not 1 <= steps <= MAX_STEPS:
         raise InputError("<cli>", "--steps", f"must be in 1..{MAX_STEPS}, got {steps}")
     grid = np.linspace(lo, hi, steps) if steps > 1 else np.array([lo])
-    values = sorted({round(float(v), 12) for v in grid} | {g.tau_c for g in gaps})
-    return values
+    exact = sorted({g.tau_c for g in gaps})
+    # A grid value within rounding of a gap is that gap (1 − 0.85 is 0.15000000000000002).
+    near = [v for v in (round(float(x), 12) for x in grid)
+            if all(abs(v - g) > 1e-9 for g in exact)]
+    return sorted(set(near) | set(exact))
 
 
 @dataclass(frozen=True)

@@ -169,7 +169,7 @@ def _run_candidates(run: PlanningRun) -> list[Plan]:
     except InfeasibleError:
         pass
     isl = run.islands.islands
-    for size in range(1, len(isl) + 1):
+    for size in range(1, len(isl)):  # all islands: the planner's own run above
         for members in itertools.combinations(isl, size):
             found = plan_subset(run, members)
             if found is not None:
@@ -192,7 +192,8 @@ def subset_plans(job: JobSpec, config: PlannerConfig = PlannerConfig(),
     for n in _n_values(job):
         for plan in _run_candidates(start_run(job, config, n, par)):
             used = frozenset(s.island.name for s in plan.stages)
-            if used not in best or plan.iteration_time_s < best[used].iteration_time_s * (1 - 1e-12):
+            old = best.get(used)
+            if old is None or plan.iteration_time_s < old.iteration_time_s * (1 - 1e-12):
                 best[used] = plan
     return sorted((SubsetPlan.of(p) for p in best.values()), key=lambda s: s.iteration_time_s)
 

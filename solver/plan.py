@@ -180,7 +180,7 @@ def plan_json(plan: Plan, islands_payload: list[dict[str, Any]]) -> dict[str, An
         solver.update(bound=info.bound if info.bound is None else _r(info.bound),
                       gap=info.gap if info.gap is None else _r(info.gap))
     return {"objective": {"iteration_time_s": _r(plan.iteration_time_s),
-                          "tokens_per_s": _r(plan.tokens_per_s, 3),
+                          "tokens_per_s": _r(plan.tokens_per_s),
                           "bubble_ratio": _r(plan.bubble_ratio),
                           "n_micro": plan.n_micro},
             "islands": islands_payload, "stages": stages, "solver": solver}

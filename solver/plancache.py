@@ -13,7 +13,8 @@ without any planner change. It counts the inner calls (what re-planning costs) a
 On-disk format (``DirectoryStore``, versioned by :data:`CACHE_FORMAT`)::
 
     <dir>/v<CACHE_FORMAT>/<sha[:2]>/<sha>.json
-    {"format": 1, "key": {...the full key...}, "plans": [<partial plan>, ...]}
+    {"format": 1, "key": {...the full key...}, "columns": [...PLAN_COLUMNS...],
+     "plans": [[<one row per partial plan>], ...]}
 
 The file name is the SHA-256 of the canonical JSON of the key; the key is stored too and compared
 on read, so even a hash collision cannot return another entry. Floats are written with Python's
@@ -131,23 +132,32 @@ def cache_key(slc: ModelSlice, island: Island, ctx: PlanContext, identity: str,
                         "context": context_signature(ctx)})
 
 
-def plan_to_json(p: PartialPlan) -> dict[str, Any]:
-    """A partial plan as plain JSON (enums by value, tuples as lists)."""
-    config = {f.name: _plain(getattr(p.config, f.name)) for f in dataclasses.fields(StageConfig)}
-    return {"config": config, "latency_s": p.latency_s, "fwd_s": p.fwd_s, "bwd_s": p.bwd_s,
-            "iteration_s": p.iteration_s, "memory_gb": p.memory_gb,
-            "memory": dataclasses.asdict(p.memory), "layout": list(p.layout),
-            "stage_latencies": list(p.stage_latencies)}
+#: Columns of a stored partial plan, in row order (entries list them; a reader checks them).
+PLAN_COLUMNS = ("tp", "cp", "ep", "pp", "dp", "zero", "recompute", "offload", "micro_batch",
+                "latency_s", "fwd_s", "bwd_s", "iteration_s", "memory_gb", "memory_params",
+                "memory_grads", "memory_optimizer", "memory_activations", "layout",
+                "stage_latencies")
+_RECOMPUTE = {r.value: r for r in Recompute}
 
 
-def plan_from_json(d: dict[str, Any]) -> PartialPlan:
-    """Inverse of :func:`plan_to_json` (raises KeyError/TypeError/ValueError on bad data)."""
-    config = StageConfig(**{**d["config"], "recompute": Recompute(d["config"]["recompute"])})
-    return PartialPlan(config=config, latency_s=float(d["latency_s"]), fwd_s=float(d["fwd_s"]),
-                       bwd_s=float(d["bwd_s"]), iteration_s=float(d["iteration_s"]),
-                       memory_gb=float(d["memory_gb"]), memory=MemoryBreakdown(**d["memory"]),
-                       layout=tuple(int(x) for x in d["layout"]),
-                       stage_latencies=tuple(float(x) for x in d["stage_latencies"]))
+def plan_to_row(p: PartialPlan) -> list[Any]:
+    """A partial plan as one JSON row of :data:`PLAN_COLUMNS` (rows, not objects: a cached
+    entry holds the parallelizer's whole Pareto set, often a hundred plans)."""
+    c, m = p.config, p.memory
+    return [c.tp, c.cp, c.ep, c.pp, c.dp, c.zero, c.recompute.value, c.offload, c.micro_batch,
+            p.latency_s, p.fwd_s, p.bwd_s, p.iteration_s, p.memory_gb, m.params, m.grads,
+            m.optimizer, m.activations, list(p.layout), list(p.stage_latencies)]
+
+
+def plan_from_row(row: list[Any]) -> PartialPlan:
+    """Inverse of :func:`plan_to_row` (raises ValueError/KeyError/TypeError on bad data)."""
+    (tp, cp, ep, pp, dp, zero, rc, offload, mb, lat, fwd, bwd, it, mem, m_p, m_g, m_o, m_a,
+     layout, subs) = row
+    config = StageConfig(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, zero=zero, recompute=_RECOMPUTE[rc],
+                         offload=offload, micro_batch=mb)
+    return PartialPlan(config=config, latency_s=lat, fwd_s=fwd, bwd_s=bwd, iteration_s=it,
+                       memory_gb=mem, memory=MemoryBreakdown(m_p, m_g, m_o, m_a),
+                       layout=tuple(layout), stage_latencies=tuple(subs))
 
 
 class PlanStore(Protocol):
@@ -164,24 +174,24 @@ class PlanStore(Protocol):
 
 @dataclass(frozen=True)
 class MemoryStore:
-    """An in-process store (tests, sweeps).
+    """An in-process store (tests, sweeps, the subset runs of one Pareto computation).
 
     Attributes
     ----------
-    entries : dict[str, str]
-        Key text -> serialized plans (serialized so that callers never share plan objects).
+    entries : dict[str, tuple[PartialPlan, ...]]
+        Key text -> plans (frozen objects, so sharing them is safe; callers get a new list).
     """
 
-    entries: dict[str, str] = field(default_factory=dict)
+    entries: dict[str, tuple[PartialPlan, ...]] = field(default_factory=dict)
 
     def load(self, key: CacheKey) -> list[PartialPlan] | None:
         """The stored plans of ``key`` (None on a miss)."""
-        raw = self.entries.get(key.text)
-        return None if raw is None else [plan_from_json(p) for p in json.loads(raw)]
+        plans = self.entries.get(key.text)
+        return None if plans is None else list(plans)
 
     def save(self, key: CacheKey, plans: list[PartialPlan]) -> None:
         """Store ``plans`` under ``key``."""
-        self.entries[key.text] = json.dumps([plan_to_json(p) for p in plans])
+        self.entries[key.text] = tuple(plans)
 
 
 @dataclass(frozen=True)
@@ -205,9 +215,10 @@ class DirectoryStore:
         (a damaged entry is a miss and is overwritten, never an error)."""
         try:
             data = json.loads(self.path(key).read_text(encoding="utf-8"))
-            if data.get("format") != CACHE_FORMAT or data.get("key") != json.loads(key.text):
+            if data.get("format") != CACHE_FORMAT or data.get("key") != json.loads(key.text) \
+                    or data.get("columns") != list(PLAN_COLUMNS):
                 return None
-            return [plan_from_json(p) for p in data["plans"]]
+            return [plan_from_row(r) for r in data["plans"]]
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
@@ -217,10 +228,11 @@ class DirectoryStore:
         target = self.path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
         payload = {"format": CACHE_FORMAT, "key": json.loads(key.text),
-                   "plans": [plan_to_json(p) for p in plans]}
+                   "columns": list(PLAN_COLUMNS), "plans": [plan_to_row(p) for p in plans]}
         fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh)
+            # dumps (C encoder) then one write: json.dump encodes in Python, 5x slower here.
+            fh.write(json.dumps(payload, separators=(",", ":")))
         os.replace(tmp, target)
 
 

@@ -67,17 +67,21 @@ class ClusterChange:
         Ids of failed nodes.
     added : ClusterSpec | None
         New node groups (a cluster file with ``[[nodes]]`` only), or None.
+    added_from : str
+        The file the new groups came from (for error messages).
     """
 
     failed: tuple[str, ...] = ()
     added: ClusterSpec | None = None
+    added_from: str = "<nodes>"
 
 
 def _id_ranges(cluster: ClusterSpec) -> str:
     return ", ".join(f"{g.prefix}-0..{g.prefix}-{g.count - 1}" for g in cluster.groups)
 
 
-def apply_change(cluster: ClusterSpec, change: ClusterChange, source: str = "<cli>") -> ChangedCluster:
+def apply_change(cluster: ClusterSpec, change: ClusterChange,
+                 source: str = "<cli>") -> ChangedCluster:
     """The cluster after ``change``.
 
     Raises
@@ -98,7 +102,7 @@ def apply_change(cluster: ClusterSpec, change: ClusterChange, source: str = "<cl
         taken = {g.prefix for g in groups}
         for i, g in enumerate(change.added.groups):
             if g.prefix in taken:
-                raise InputError(change.added.name, f"nodes[{i}].name",
+                raise InputError(change.added_from, f"nodes[{i}].name",
                                  f"node id prefix {g.prefix!r} is already used by the cluster; "
                                  "give the new group a distinct name")
         groups = groups + change.added.groups

@@ -122,6 +122,7 @@ OPT, LIMIT = SolverStatus.OPTIMAL, SolverStatus.LIMIT
     # A timed-out solver is never agreement, even when its objective happens to match.
     ([_run(OPT, 5.0), _run(LIMIT, 5.0, bound=4.0, gap=0.2)], False),
     ([_run(OPT, 5.0), _run(SolverStatus.NO_PLAN_LIMIT, None)], False),
+    ([_run(OPT, 5.0), _run(SolverStatus.UNPROVEN, 5.0)], False),
     ([_run(SolverStatus.INFEASIBLE, None), _run(SolverStatus.INFEASIBLE, None)], True),
     ([_run(OPT, 5.0), _run(SolverStatus.INFEASIBLE, None)], False),
 ])
@@ -141,7 +142,8 @@ def test_solver_run_limits():
     r = _solver_run(SolverKind.MILP, _fake_plan(False, 4.0, 0.2), 31.0, 30.0)
     assert (r.status, r.objective_s, r.bound, r.gap) == (LIMIT, 5.0, 4.0, 0.2)
     # "Optimal" after running past a limit is not a proof (a solve may have ended without a plan).
-    assert _solver_run(SolverKind.CPSAT, _fake_plan(True), 30.5, 30.0).status is LIMIT
+    assert _solver_run(SolverKind.CPSAT, _fake_plan(True), 30.5, 30.0).status is \
+        SolverStatus.UNPROVEN
     assert _solver_run(SolverKind.DP, _fake_plan(True), 30.5, 30.0).status is OPT
     assert _solver_run(SolverKind.CPSAT, None, 31.0, 30.0).status is SolverStatus.NO_PLAN_LIMIT
     assert _solver_run(SolverKind.CPSAT, None, 1.0, 30.0).status is SolverStatus.INFEASIBLE

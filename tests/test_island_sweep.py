@@ -109,3 +109,12 @@ def test_cli_json_text_and_plot(tmp_path, capsys):
 def test_cli_bad_override(tmp_path, capsys):
     assert main(["sweep-islands", str(job_file(tmp_path)), "--t-merge", "2"]) == 2
     assert "--t-merge" in capsys.readouterr().err
+
+
+def test_a_grid_value_at_a_gap_is_the_gap():
+    # perf 0.85 vs 1.0: the gap is 1 − 0.85 = 0.15000000000000002 in floats, next to grid 0.15.
+    gaps = compute_gaps(load_cluster(INSTANCES / "clusters" / "throttled-h100.toml"))
+    assert [round(g.tau_c, 4) for g in gaps] == [0.15, 0.1765, 0.3]
+    values = sample_values(0.05, 0.4, 15, gaps)
+    assert len([v for v in values if abs(v - 0.15) < 1e-6]) == 1
+    assert gaps[0].tau_c in values and len(values) == 16  # 15 grid points, 0.15 -> gap, +0.1765

@@ -18,8 +18,8 @@ from solver.loaders import INSTANCES, load_job, load_model
 from solver.parallelizer import AnalyticParallelizer, PlanContext
 from solver.plan import plan_json
 from solver.plancache import (CACHE_FORMAT, CachingParallelizer, CacheKey, DirectoryStore,
-                              MemoryStore, cache_key, code_fingerprint, plan_from_json,
-                              plan_to_json)
+                              MemoryStore, cache_key, code_fingerprint, plan_from_row,
+                              plan_to_row)
 from solver.planner import PlannerConfig, plan_job
 from solver.pruning import Rule
 from solver.replan import ClusterChange, apply_change, load_added_nodes, replan
@@ -89,7 +89,7 @@ def _call(h100, **ctx):
 def test_partial_plan_json_round_trip_is_exact(h100):
     plans = AnalyticParallelizer().plan(*_call(h100))
     assert plans
-    back = [plan_from_json(json.loads(json.dumps(plan_to_json(p)))) for p in plans]
+    back = [plan_from_row(json.loads(json.dumps(plan_to_row(p)))) for p in plans]
     assert back == plans  # floats written with repr round-trip bit for bit
 
 
@@ -262,9 +262,9 @@ def test_cli_replan_json(planned, tmp_path, capsys):
     assert tokens / first["plan"]["objective"]["iteration_time_s"] == pytest.approx(
         first["tokens_per_s"], rel=1e-6)
     assert first["parallelizer_calls"] > 0 and list(cache.glob("v*/*/*.json"))
-    assert main(argv) == 0  # the same replan again: everything comes from the cache
+    assert main(argv + ["--stable-json"]) == 0  # the same replan again: all from the cache
     second = json.loads(capsys.readouterr().out)
-    assert second["parallelizer_calls"] == 0
+    assert second["parallelizer_calls"] == 0 and second["replan_time_s"] == 0.0
     assert second["cache_hits"] == first["cache_hits"] + first["parallelizer_calls"]
     assert second["plan"]["stages"] == first["plan"]["stages"]
 
@@ -304,4 +304,14 @@ def test_cli_unknown_node_and_prefix_clash(planned, tmp_path, capsys):
     nodes.write_text('[[nodes]]\ngpu = "A100-SXM-80GB"\ncount = 1\nname = "a100"\n')
     code = main(["replan", str(plan), "--job", str(job), "--add", str(nodes),
                  "--cache", str(tmp_path / "c")])
-    assert code == 2 and "already used" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == 2 and "already used" in err and f"{nodes}: nodes[0].name" in err
+
+
+@pytest.mark.parametrize("path", sorted((INSTANCES / "nodes").glob("*.toml")), ids=lambda p: p.stem)
+def test_shipped_node_files_add_to_the_shipped_clusters(path):
+    job = load_job(INSTANCES / "jobs" / "three-gen-llama3-70b.toml")
+    added = load_added_nodes(path)
+    bigger = apply_change(job.cluster, ClusterChange((), added, str(path)))
+    assert bigger.total_gpus == job.cluster.total_gpus + sum(
+        g.count * g.gpus_per_node for g in added.groups)

@@ -118,6 +118,8 @@ def solver_cell(s: SolverRun) -> str:
     text = f"{s.objective_s:.6f} s"
     if s.status is SolverStatus.OPTIMAL:
         return f"{text} opt ({s.time_s:.2f} s)"
+    if s.status is SolverStatus.UNPROVEN:
+        return f"{text} unproven: ran past a time limit ({s.time_s:.2f} s)"
     bound = "?" if s.bound is None else f"{s.bound:.6f}"
     gap = "?" if s.gap is None else f"{s.gap:.2%}"
     return f"{text} LIMIT bound {bound} gap {gap} ({s.time_s:.2f} s)"

@@ -1,13 +1,12 @@
-"""``tangram pareto JOB [--json] [--plot FILE]``: exact Pareto fronts of speed vs cost and energy."""
+"""``tangram pareto JOB [--json] [--plot FILE]``: Pareto fronts of speed vs cost and vs energy."""
 
 from __future__ import annotations
 
 import argparse
-import json
 
 from solver.loaders import load_job
 from solver.pareto import Objective, SubsetPlan, fronts_json, pareto_front, subset_plans
-from solver.report import render_table
+from solver.report import emit_json, render_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot_fronts(points, args.plot, job.name)
     if args.json:
-        print(json.dumps(fronts_json(points), indent=2))
+        emit_json(fronts_json(points), args)
         return 0
     print(f"job {job.name}: {len(points)} island sets with a feasible plan")
     for obj in Objective:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from solver.baselines import Baseline, plan_baseline
+from solver.errors import InputError
 from solver.loaders import load_job
 from solver.plan import Plan, plan_json
 from solver.planner import PlannerConfig
@@ -23,6 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", choices=[b.value for b in Baseline],
                    help="plan a comparison baseline instead")
     p.add_argument("--time-limit", type=float, help="CP-SAT/MILP time limit per solve (s)")
+    p.add_argument("--cache", metavar="DIR",
+                   help="keep partial plans in DIR (default: no cache) so a later "
+                        "`tangram replan --cache DIR` only re-plans what changed")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--simulate", action="store_true",
                    help="also simulate the 1F1B schedule and report its iteration time")
@@ -36,10 +40,18 @@ def make_plan(args: argparse.Namespace) -> Plan:
     features = FeaturePreset(args.features) if args.features else None
     if args.baseline:
         return plan_baseline(job, Baseline(args.baseline), features=features)
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise InputError("<cli>", "--time-limit", f"must be > 0 seconds, got {args.time_limit}")
     config = PlannerConfig(solver=SolverKind(args.solver) if args.solver else None,
                            features=features, time_limit_s=args.time_limit)
-    from solver.sweep import plan_auto
-    return plan_auto(job, config)
+    from solver.pareto import plan_with_targets
+    parallelizer = None
+    if args.cache:
+        from solver.parallelizer import AnalyticParallelizer
+        from solver.plancache import CachingParallelizer, open_store
+        parallelizer = CachingParallelizer(AnalyticParallelizer(features or job.planner.features),
+                                           open_store(args.cache))
+    return plan_with_targets(job, config, parallelizer)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,7 +7,6 @@ misses; prints the new plan with the throughput change and the re-planning time.
 from __future__ import annotations
 
 import argparse
-import json
 
 from solver.commands.plan import render_plan
 from solver.fields import read_json
@@ -16,7 +15,7 @@ from solver.parallelizer import AnalyticParallelizer
 from solver.plan import plan_json
 from solver.plancache import CachingParallelizer, open_store
 from solver.replan import ClusterChange, Replanned, load_added_nodes, replan
-from solver.report import island_json
+from solver.report import emit_json, island_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("plan", metavar="PLAN.json", help="the previous plan (tangram plan --json)")
     p.add_argument("--job", required=True, metavar="JOB", help="the job TOML the plan was made for")
     p.add_argument("--fail", nargs="+", default=[], metavar="NODE_ID",
-                   help="ids of failed nodes (e.g. a100-3)")
+                   help="ids of all nodes out of service (e.g. a100-3); the previous plan is "
+                        "always the plan of the job's own cluster")
     p.add_argument("--add", metavar="NODES.toml", help="new [[nodes]] groups (cluster format)")
     p.add_argument("--cache", metavar="DIR",
                    help="partial-plan cache directory (default: $XDG_CACHE_HOME/tangram)")
@@ -39,10 +39,10 @@ def run(args: argparse.Namespace) -> int:
     job = load_job(args.job, catalog)
     added = load_added_nodes(args.add, catalog) if args.add else None
     par = CachingParallelizer(AnalyticParallelizer(job.planner.features), open_store(args.cache))
-    result = replan(job, read_json(args.plan), ClusterChange(tuple(args.fail), added), par,
-                    source=args.plan)
+    change = ClusterChange(tuple(args.fail), added, args.add or "<nodes>")
+    result = replan(job, read_json(args.plan), change, par, source=args.plan)
     if args.json:
-        print(json.dumps(replan_json(result), indent=2))
+        emit_json(replan_json(result), args)
     else:
         print(render_replan(result))
     return 0

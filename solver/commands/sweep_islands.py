@@ -6,14 +6,13 @@ Islands and planned throughput as the compute threshold τ_C varies (the seed no
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 
 from solver.errors import InputError
 from solver.island_sweep import (SweepPoint, changes, compute_gaps, parse_range, sample_values,
                                  sweep_json, sweep_tau_c)
 from solver.loaders import load_job
-from solver.report import render_table
+from solver.report import emit_json, render_table
 from solver.specs import JobSpec
 
 
@@ -40,7 +39,8 @@ def _job(args: argparse.Namespace) -> JobSpec:
             if getattr(args, k) is not None}
     for key, value in over.items():
         if not 0.0 <= value <= 1.0:
-            raise InputError("<cli>", f"--{key.replace('_', '-')}", f"must be in [0, 1], got {value}")
+            raise InputError("<cli>", f"--{key.replace('_', '-')}",
+                             f"must be in [0, 1], got {value}")
     return replace(job, planner=replace(job.planner, **over))
 
 
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot_sweep(points, args.plot, job)
     if args.json:
-        print(json.dumps(sweep_json(job, points, gaps), indent=2))
+        emit_json(sweep_json(job, points, gaps), args)
         return 0
     print(render_sweep(job, points, gaps))
     return 0
@@ -83,6 +83,7 @@ def plot_sweep(points: list[SweepPoint], path: str, job: JobSpec) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     taus = [p.tau_c for p in points]
     tput = [float("nan") if p.plan is None else p.plan.tokens_per_s / 1e3 for p in points]
@@ -96,6 +97,7 @@ def plot_sweep(points: list[SweepPoint], path: str, job: JobSpec) -> None:
              label="islands")
     ax2.set_ylabel("islands", color="C3")
     ax2.set_ylim(0, max(len(p.islands) for p in points) + 1)
+    ax2.yaxis.set_major_locator(MaxNLocator(integer=True))
     for c in changes(points):
         ax.axvline(c, color="0.6", lw=0.8, ls=":")
     o = job.planner

@@ -70,7 +70,8 @@ def fastest_within_budget(run: PlanningRun, limit: float,
     best: BudgetResult | None = None
     for depth in range(1, len(run.islands.islands) + 1):
         table = build_table(run.cache, TableSpec(depth, {}, caps))
-        found = compose_with_iteration(run, table, Restrictions(max_stages=depth, budget=budget))
+        found, _ = compose_with_iteration(run, table,
+                                          Restrictions(max_stages=depth, budget=budget))
         if found is not None and (best is None or
                                   found.total < best.iteration_time_s * (1 - 1e-12)):
             best = BudgetResult(found.total, tuple(s.island for s in found.result.stages),

@@ -323,12 +323,15 @@ def _row(job: JobSpec, plan: Plan | None, note: str, elapsed: float) -> BenchRow
 
 
 def row_json(row: BenchRow) -> dict[str, Any]:
-    """One row of ``tangram bench --json`` (every key always present; null when not measured)."""
+    """One row of ``tangram bench --json`` (every key always present; null when not measured).
+
+    Wall-clock keys (``planning_time_s``, ``time_s``) are those ``--stable-json`` zeroes.
+    """
     return {
         "job": row.job, "gpus": row.gpus, "islands": row.islands, "split": row.split,
         "n_micro": row.n_micro, "tokens_per_s": _opt(row.tokens_per_s, 6),
         "iteration_time_s": _opt(row.iteration_time_s), "bubble_ratio": _opt(row.bubble_ratio),
-        "plan_time_s": _r(row.plan_time_s, 4), "parallelizer_calls": row.calls,
+        "planning_time_s": _r(row.plan_time_s, 4), "parallelizer_calls": row.calls,
         "parallelizer_calls_unpruned": row.calls_unpruned, "optimal": row.optimal,
         "infeasible": row.infeasible or None,
         "solvers": {s.solver: {"status": s.status.value, "optimal": s.status is SolverStatus.OPTIMAL,

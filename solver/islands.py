@@ -219,3 +219,11 @@ def partition_loss(groups: list[tuple[Node, ...]]) -> float:
     total = sum(n.gpus * n.tflops for g in groups for n in g)
     kept = sum(sum(n.gpus for n in g) * min(n.tflops for n in g) for g in groups)
     return 1 - kept / total
+
+
+def whole_cluster(cluster: ClusterSpec) -> IslandSet:
+    """The whole cluster as one island at its weakest members' values (no merge recorded): the
+    view of a heterogeneity-oblivious planner, which the planner also tries."""
+    nodes = tuple(sorted(cluster.nodes, key=node_key))
+    island = Island(f"all-{Island('', nodes).gpu.name}", nodes)
+    return IslandSet((island,), (island,), ())

@@ -193,8 +193,9 @@ def load_job(path: Path | str, catalog: dict[str, GPUSpec] | None = None) -> Job
     training = _training(f.sub("training", required=True))
     planner_f = f.sub("planner")
     planner = _planner(planner_f) if planner_f else PlannerOptions()
+    name = f.get("name", str, path.stem)
     f.done()
-    return JobSpec(f.get("name", str, path.stem), model, cluster, training, planner, path)
+    return JobSpec(name, model, cluster, training, planner, path)
 
 
 def _training(f: Fields) -> TrainingSpec:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from solver.candidates import CandidateCache, DepthTable, TableSpec, after_for, build_table
 from solver.compose_types import CompositionResult, SolveStatus
 from solver.errors import InfeasibleError
-from solver.islands import IslandSet, Thresholds, build_islands
+from solver.islands import IslandSet, Thresholds, build_islands, whole_cluster
 from solver.parallelizer import AnalyticParallelizer, Parallelizer, PlanContext
 from solver.plan import Plan, SolverInfo, StagePlan
 from solver.pruning import (Rule, balance_window, bound_window, interface_bans,
@@ -43,6 +43,10 @@ class PlannerConfig:
         CP-SAT / MILP time limit per solve (None: the job's).
     interface_threshold : float
         Rule 4: ban links slower than this fraction of a balanced stage.
+    whole_cluster : bool
+        Also plan the whole cluster as one island at its weakest members' values (one stage,
+        pipelined inside): the plan a heterogeneity-oblivious planner would make, so the result
+        is never worse than it.
     """
 
     rules: Rule = Rule.paper()
@@ -50,6 +54,7 @@ class PlannerConfig:
     features: FeaturePreset | None = None
     time_limit_s: float | None = None
     interface_threshold: float = 0.5
+    whole_cluster: bool = True
 
 
 @dataclass(frozen=True)
@@ -77,13 +82,14 @@ class PlanningRun:
 
 
 def start_run(job: JobSpec, config: PlannerConfig, n_micro: int | None = None,
-              parallelizer: Parallelizer | None = None) -> PlanningRun:
-    """Islands, link times and an empty candidate cache for ``job``."""
+              parallelizer: Parallelizer | None = None,
+              islands: IslandSet | None = None) -> PlanningRun:
+    """Islands (Algorithm 1 unless given), link times and an empty candidate cache for ``job``."""
     n = n_micro or job.training.n_micro
     if n is None:
         raise ValueError("n_micro must be fixed here; 'auto' is resolved by solver.sweep")
     features = config.features or job.planner.features
-    isl = build_islands(job.cluster, Thresholds.of(job.planner))
+    isl = islands or build_islands(job.cluster, Thresholds.of(job.planner))
     micro = job.training.global_batch // n
     ctx = PlanContext(job.training.seq_len, micro, n, 1, job.planner.epsilon, 1, features)
     par = parallelizer or AnalyticParallelizer(features)
@@ -106,9 +112,20 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
     start = time.perf_counter()
     run = run or start_run(job, config, n_micro, parallelizer)
     best = _pruned_search(run)
+    calls = run.cache.calls
+    if config.whole_cluster and len(run.islands.islands) > 1:
+        whole = start_run(job, config, run.n_micro, run.cache.parallelizer,
+                          whole_cluster(job.cluster))
+        alt = _pruned_search(whole)
+        calls += whole.cache.calls
+        if alt is not None and (best is None or alt.total < best.total * (1 - 1e-12)):
+            proven = alt.optimal and (best is None or best.optimal)
+            best, run = replace(alt, optimal=proven), whole
+        elif best is not None and alt is not None:
+            best = replace(best, optimal=best.optimal and alt.optimal)
     if best is None:
         raise InfeasibleError(explain_infeasible(run))
-    plan = _decode(run, best, time.perf_counter() - start)
+    plan = _decode(run, best, time.perf_counter() - start, calls)
     validate(plan, job)
     return plan
 
@@ -160,24 +177,26 @@ def search_depths(run: PlanningRun, windows: dict, caps: dict,
     for depth in range(1, len(run.islands.islands) + 1):
         table = build_table(run.cache, TableSpec(depth, windows, caps))
         restr = Restrictions(banned_links=bans, max_stages=depth)
-        found = compose_with_iteration(run, table, restr)
+        found, solved = compose_with_iteration(run, table, restr)
+        proven = proven and solved
         if found is None:
             continue
-        proven = proven and found.optimal
         if best is None or found.total < best.total * (1 - 1e-12):
             best = found
     return None if best is None else replace(best, optimal=proven)
 
 
 def compose_with_iteration(run: PlanningRun, table: DepthTable,
-                           restr: Restrictions) -> Composed | None:
+                           restr: Restrictions) -> tuple[Composed | None, bool]:
     """Exact ``min T_pipe + max_i iteration_i`` by a descending sweep over the iteration cap.
 
     ``f(v)`` = best ``T_pipe`` among plans whose stages all have per-iteration time ``≤ v``
     (each entry then uses its fastest option within ``v``). The optimum is
     ``min_v f(v) + maxit(plan_v)``; after solving at ``v`` the next cap is the largest value below
     the found plan's ``maxit``, and the sweep stops once ``f(v)`` alone reaches the best total
-    (``f`` only grows as ``v`` shrinks). Each step is one exact composition.
+    (``f`` only grows as ``v`` shrinks). Each step is one exact composition. Returns the best
+    composition (None if none) and whether every solve proved its answer (a time-limited solve
+    that found nothing is not a proof of infeasibility).
     """
     values = table.iteration_values()
     cap, best, proven = math.inf, None, True
@@ -199,10 +218,10 @@ def compose_with_iteration(run: PlanningRun, table: DepthTable,
         if not lower:
             break
         cap = lower[-1]
-    return None if best is None else replace(best, optimal=proven)
+    return (None if best is None else replace(best, optimal=proven)), proven
 
 
-def _decode(run: PlanningRun, best: Composed, elapsed: float) -> Plan:
+def _decode(run: PlanningRun, best: Composed, elapsed: float, calls: int | None = None) -> Plan:
     by_name = run.cache.islands
     stages = []
     for s in best.result.stages:
@@ -212,7 +231,8 @@ def _decode(run: PlanningRun, best: Composed, elapsed: float) -> Plan:
                                 best.plans[(s.island, s.position, s.end - s.start)].plan))
     links = tuple(run.links[(a.island.name, b.island.name)] for a, b in zip(stages, stages[1:]))
     r = best.result
-    info = SolverInfo(r.solver, best.optimal, elapsed, run.cache.calls,
+    info = SolverInfo(r.solver, best.optimal, elapsed,
+                      run.cache.calls if calls is None else calls,
                       None if best.optimal else r.bound, None if best.optimal else r.gap)
     return Plan(run.job, run.islands, tuple(stages), links, run.n_micro,
                 run.job.planner.overlap, info)

@@ -11,7 +11,7 @@ import math
 
 from solver.costmodel import PipelineSetting, stage_costs, substage_latencies
 from solver.errors import InfeasibleError
-from solver.islands import Thresholds, build_islands
+from solver.islands import Thresholds, build_islands, whole_cluster
 from solver.plan import Plan, cycle_time
 from solver.pruning import LinkModel
 from solver.specs import Island, JobSpec
@@ -80,7 +80,11 @@ def _structure(plan: Plan, job: JobSpec, given: tuple[Island, ...] | None) -> li
     out = []
     if not plan.stages:
         return ["plan has no stages"]
-    given = given or build_islands(job.cluster, Thresholds.of(job.planner)).islands
+    if given is None:  # Algorithm 1's islands, or the whole cluster as one (PlannerConfig)
+        views = [build_islands(job.cluster, Thresholds.of(job.planner)).islands,
+                 whole_cluster(job.cluster).islands]
+        names = {s.island.name for s in plan.stages}
+        given = next((v for v in views if names <= {i.name for i in v}), views[0])
     islands = {i.name: i for i in given}
     cursor, seen = 0, set()
     for s in plan.stages:

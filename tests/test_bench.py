@@ -50,7 +50,7 @@ def hopeless(tmp_path):
 
 
 ROW_KEYS = {"job", "gpus", "islands", "split", "n_micro", "tokens_per_s", "iteration_time_s",
-            "bubble_ratio", "plan_time_s", "parallelizer_calls", "parallelizer_calls_unpruned",
+            "bubble_ratio", "planning_time_s", "parallelizer_calls", "parallelizer_calls_unpruned",
             "optimal", "infeasible", "solvers", "agree", "baselines"}
 
 
@@ -189,3 +189,13 @@ def test_suite_paths_default_and_names():
     paths = suite_paths()
     assert len(paths) >= 20 and all(p.suffix == ".toml" for p in paths)
     assert suite_paths(["seed-llama3-70b"])[0].name == "seed-llama3-70b.toml"
+
+
+def test_stable_json_is_byte_identical(homog, capsys):
+    outputs = []
+    for _ in range(2):
+        assert main(["bench", homog, "--json", "--solvers", "dp,milp", "--stable-json"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1]
+    row = json.loads(outputs[0])["rows"][0]
+    assert row["planning_time_s"] == 0.0 and row["solvers"]["milp"]["time_s"] == 0.0

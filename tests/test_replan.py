@@ -43,7 +43,9 @@ count = {count}
 name = "{name}"
 """
 BASE = [("H100-SXM-80GB", 2, "h100"), ("A100-SXM-80GB", 2, "a100")]
-LOCAL = PlannerConfig(rules=Rule.DEDUPE | Rule.MEMORY)  # windows do not depend on other islands
+# Rules that do not depend on other islands; the whole-cluster alternative is off so that calls
+# are counted per island.
+LOCAL = PlannerConfig(rules=Rule.DEDUPE | Rule.MEMORY, whole_cluster=False)
 
 
 def write_job(tmp_path, groups, name="job.toml"):

@@ -7,13 +7,12 @@ terminal; Ctrl-C prints the rows finished so far and exits with status 130.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from solver.bench import (BenchOptions, BenchRow, SolverRun, SolverStatus, bench_job, row_json,
                           suite_paths)
 from solver.errors import InputError
-from solver.report import render_table
+from solver.report import emit_json, render_table
 from solver.specs import SolverKind
 
 INTERRUPTED = 130
@@ -68,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     _progress("")
     if status:
         print(f"interrupted: {len(rows)} of {len(paths)} jobs finished", file=sys.stderr)
-    _emit(rows, options, args.json, interrupted=bool(status))
+    _emit(rows, options, args, interrupted=bool(status))
     return status
 
 
@@ -79,12 +78,13 @@ def _progress(text: str) -> None:
         sys.stderr.flush()
 
 
-def _emit(rows: list[BenchRow], options: BenchOptions, as_json: bool, interrupted: bool) -> None:
-    if as_json:
+def _emit(rows: list[BenchRow], options: BenchOptions, args: argparse.Namespace,
+          interrupted: bool) -> None:
+    if args.json:
         payload: dict = {"rows": [row_json(r) for r in rows]}
         if interrupted:
             payload["interrupted"] = True
-        print(json.dumps(payload, indent=2))
+        emit_json(payload, args)
         return
     print(render_table([text_row(r, options) for r in rows]))
     print("calls: parallelizer calls with rules 1-4 / without pruning (Rule.NONE, counted "

@@ -21,4 +21,3 @@ def test_plan_llama3_70b_128_a100(benchmark, catalog, max_pp):
     slc = ModelSlice(LLAMA3_70B, 80, True, True)
     plans = benchmark(AnalyticParallelizer().plan, slc, island, ctx)
     assert plans
-    assert benchmark.stats.stats.median < 0.05

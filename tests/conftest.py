@@ -31,3 +31,31 @@ def make_cluster(catalog, *groups, name="test") -> ClusterSpec:
 
 SHIPPED_CLUSTERS = sorted((INSTANCES / "clusters").glob("*.toml"))
 SHIPPED_JOBS = sorted((INSTANCES / "jobs").glob("*.toml"))
+
+
+# A small three-node job (Llama 2 7B on one H100 node and two A100 nodes) shared by the simulator,
+# sweep and plot tests; MINI_FIXED is the same job at n_micro = 8.
+MINI_AUTO = """
+description = "test: Llama 2 7B on one H100 node and two A100 nodes"
+model = "llama2-7b"
+
+[cluster]
+name = "mini"
+inter_island_gbits = 100.0
+
+[[cluster.nodes]]
+gpu = "H100-SXM-80GB"
+count = 1
+name = "h100"
+
+[[cluster.nodes]]
+gpu = "A100-SXM-80GB"
+count = 2
+name = "a100"
+
+[training]
+global_batch = 32
+seq_len = 2048
+n_micro = "auto"
+"""
+MINI_FIXED = MINI_AUTO.replace('n_micro = "auto"', "n_micro = 8")

@@ -9,30 +9,7 @@ pytest.importorskip("matplotlib")
 from solver.cli import main  # noqa: E402
 from solver.pipeline import PipelineSpec, ScheduleKind, simulate  # noqa: E402
 from solver.plots import plot_schedule, plot_sweep  # noqa: E402
-
-MINI = """
-description = "test: Llama 2 7B on one H100 node and two A100 nodes"
-model = "llama2-7b"
-
-[cluster]
-name = "mini"
-inter_island_gbits = 100.0
-
-[[cluster.nodes]]
-gpu = "H100-SXM-80GB"
-count = 1
-name = "h100"
-
-[[cluster.nodes]]
-gpu = "A100-SXM-80GB"
-count = 2
-name = "a100"
-
-[training]
-global_batch = 32
-seq_len = 2048
-n_micro = 8
-"""
+from conftest import MINI_FIXED as MINI  # noqa: E402
 
 
 def png_size(path) -> tuple[int, int]:

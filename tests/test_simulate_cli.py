@@ -14,30 +14,8 @@ from solver.pipeline import PipelineSpec, simulate
 from solver.planner import plan_job
 from solver.simulate_report import (check_objectives, closed_form, pipeline_spec,
                                     planned_in_flight, round_trip_estimate, simulate_plan)
+from conftest import MINI_FIXED as MINI
 
-MINI = """
-description = "test: Llama 2 7B on one H100 node and two A100 nodes"
-model = "llama2-7b"
-
-[cluster]
-name = "mini"
-inter_island_gbits = 100.0
-
-[[cluster.nodes]]
-gpu = "H100-SXM-80GB"
-count = 1
-name = "h100"
-
-[[cluster.nodes]]
-gpu = "A100-SXM-80GB"
-count = 2
-name = "a100"
-
-[training]
-global_batch = 32
-seq_len = 2048
-n_micro = 8
-"""
 SIM_KEYS = {"simulated_schedule", "simulated_transfers", "simulated_iteration_time_s",
             "closed_form_iteration_time_s", "simulated_vs_closed_form", "eq5_iteration_time_s",
             "eq9_iteration_time_s", "simulated_tokens_per_s", "simulated_bubble_ratio",

@@ -14,30 +14,8 @@ from solver.specs import TrainingSpec
 from solver.sweep import (NStarModel, SweepPoint, SweepResult, candidate_n_micro, eq10,
                           plan_auto, point_json, sweep, sweep_json)
 from solver.validate import validate
+from conftest import MINI_AUTO as MINI
 
-MINI = """
-description = "test: Llama 2 7B on one H100 node and two A100 nodes"
-model = "llama2-7b"
-
-[cluster]
-name = "mini"
-inter_island_gbits = 100.0
-
-[[cluster.nodes]]
-gpu = "H100-SXM-80GB"
-count = 1
-name = "h100"
-
-[[cluster.nodes]]
-gpu = "A100-SXM-80GB"
-count = 2
-name = "a100"
-
-[training]
-global_batch = 32
-seq_len = 2048
-n_micro = "auto"
-"""
 KEYS = {"n_micro", "iteration_time_s", "tokens_per_s", "bubble_ratio", "feasible"}
 
 

@@ -167,3 +167,30 @@ def test_ctrl_c_during_verify_prints_finished_rows(monkeypatch, capsys):
     assert code == 130
     assert "none (unpruned)" in captured.out and "1,2s,3,4s" in captured.out
     assert "interrupted" in captured.err and "Traceback" not in captured.err
+
+
+def test_time_limit_reports_bound_and_keeps_dp_answer():
+    from solver.compose import compose_dp
+    from solver.solve import solve_table
+    from solver.specs import SolverKind
+    from solver.table import load_table
+    table = load_table(INSTANCES / "tables" / "mixed_128x8.json")
+    exact = compose_dp(table)
+    for kind in (SolverKind.CPSAT, SolverKind.MILP):
+        # 10 ms cannot prove optimality on 128 layers × 8 islands.
+        result = solve_table(table, None, kind, time_limit_s=0.01)
+        assert not result.optimal and result.solver.startswith(kind.value)
+        assert result.objective == exact.objective and result.stages == exact.stages
+        if result.bound is not None:
+            assert result.bound <= exact.objective + 1e-9 and 0 <= result.gap <= 1
+
+
+def test_too_large_for_solver_is_one_line(tmp_path, capsys):
+    names = [f"k{i}" for i in range(13)]
+    table = {"layers": 4, "n_micro": 2, "islands": names,
+             "latency": {k: [1.0, 2.0, 3.0, 4.0] for k in names}}
+    path = tmp_path / "wide.json"
+    path.write_text(json.dumps(table))
+    assert main(["compose", str(path), "--solver", "dp"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "at most 12 islands" in err and "\n" not in err

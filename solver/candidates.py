@@ -132,20 +132,34 @@ class CandidateCache:
 
     def prefetch(self, keys: list[CandidateKey]) -> None:
         """Plan many entries of one (island, position, in-flight) together when the parallelizer
-        can batch slices (``plan_many``) and rule 1 is on; counts one call per slice."""
+        can batch slices (``plan_many``); counts one call per slice planned.
+
+        With rule 1 each length is planned once. Without it every slice ``[a, b)`` is planned:
+        one batch per start layer ``a``, and every slice must give its length's plan (rule 1's
+        claim, counted in ``mismatches``).
+        """
         todo = [k for k in keys if k not in self.entries]
         batch = getattr(self.parallelizer, "plan_many", None)
-        if not todo or batch is None or not self.dedupe or todo[0].position is Position.ONLY:
+        if not todo or batch is None or todo[0].position is Position.ONLY:
             return
-        head = todo[0]
-        first = head.position is Position.FIRST
-        last = head.position is Position.LAST
+        head, L = todo[0], self.model.layers
         ctx = PlanContext(**{**self.context.__dict__, "in_flight": head.in_flight, "max_pp": 1})
-        results = batch(self.model, [k.length for k in todo], first, last,
-                        self.islands[head.island], ctx)
-        self.calls += len(todo)
-        for key, plans in zip(todo, results):
-            self.entries[key] = staircase(plans, self.context.n_micro)
+        island, first = self.islands[head.island], head.position is Position.FIRST
+        last = head.position is Position.LAST
+        # First and last slices are unique per length; middle ones repeat for every start.
+        starts = [None] if self.dedupe or first or last else range(1, L - 1)
+        for a in starts:
+            group = [k for k in todo if a is None or a + k.length <= L - 1]
+            if not group:
+                continue
+            results = batch(self.model, [k.length for k in group], first, last, island, ctx)
+            self.calls += len(group)
+            for key, plans in zip(group, results):
+                options = staircase(plans, self.context.n_micro)
+                if key in self.entries:
+                    self.mismatches += options != self.entries[key]
+                else:
+                    self.entries[key] = options
 
     def _plan(self, key: CandidateKey) -> tuple[Option, ...]:
         L = self.model.layers

@@ -197,3 +197,18 @@ def test_verify_json_contract(tmp_path, capsys):
     dedupe = next(r for r in out["ablation"] if r["rules"] == "1")
     assert dedupe["parallelizer_calls"] < out["unpruned"]["parallelizer_calls"]
     assert dedupe["optimum_kept"]
+
+
+def test_rule_1_claim_holds_when_every_slice_is_planned(tmp_path):
+    # Without rule 1 every middle slice [a, b) is planned; all slices of one length must get the
+    # same options, and the optimum must equal the deduplicated run's.
+    job = load_job(write_job(tmp_path, ["H100-SXM-80GB", "A100-SXM-80GB", "L40S"], layers=8))
+    full = start_run(job, PlannerConfig(rules=Rule.NONE, whole_cluster=False))
+    best_full = _pruned_search(full)
+    dedup = start_run(job, PlannerConfig(rules=Rule.DEDUPE, whole_cluster=False))
+    best_dedup = _pruned_search(dedup)
+    assert full.cache.mismatches == 0
+    # 3 islands × middle lengths 1..6 at in-flight 2 over starts 1..6: Σ (7 - a) = 21 slices
+    # per island instead of 6 lengths.
+    assert full.cache.calls - dedup.cache.calls == 3 * (21 - 6)
+    assert best_full.total == best_dedup.total

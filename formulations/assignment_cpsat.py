@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from time import perf_counter
 from typing import Any, Sequence
+from types import MappingProxyType
 
 from ortools.sat.python import cp_model
 
@@ -20,8 +21,8 @@ from solver.table import LatencyTable, Restrictions
 
 NUM_WORKERS = 2   # this project's CI machines have 2 cores
 RANDOM_SEED = 12345  # fixed for reproducible search
-_STATUS = {cp_model.OPTIMAL: SolveStatus.OPTIMAL, cp_model.FEASIBLE: SolveStatus.FEASIBLE,
-           cp_model.INFEASIBLE: SolveStatus.INFEASIBLE}
+_STATUS = MappingProxyType({cp_model.OPTIMAL: SolveStatus.OPTIMAL, cp_model.FEASIBLE: SolveStatus.FEASIBLE,
+           cp_model.INFEASIBLE: SolveStatus.INFEASIBLE})
 
 
 class _CpBackend:

@@ -12,11 +12,12 @@ import math
 import tomllib
 from pathlib import Path
 from typing import Any, Callable
+from types import MappingProxyType
 
 from solver.errors import InputError
 
-_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
-               dict: "a table", list: "a list"}
+_TYPE_NAMES = MappingProxyType({int: "an integer", float: "a number", str: "a string", bool: "true or false",
+               dict: "a table", list: "a list"})
 
 
 def read_toml(path: Path | str) -> dict:

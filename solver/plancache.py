@@ -32,6 +32,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+from types import MappingProxyType
 
 from solver.parallelizer import MemoryBreakdown, Parallelizer, PartialPlan, PlanContext
 from solver.specs import Island, Recompute
@@ -137,7 +138,7 @@ PLAN_COLUMNS = ("tp", "cp", "ep", "pp", "dp", "zero", "recompute", "offload", "m
                 "latency_s", "fwd_s", "bwd_s", "iteration_s", "memory_gb", "memory_params",
                 "memory_grads", "memory_optimizer", "memory_activations", "layout",
                 "stage_latencies")
-_RECOMPUTE = {r.value: r for r in Recompute}
+_RECOMPUTE = MappingProxyType({r.value: r for r in Recompute})
 
 
 def plan_to_row(p: PartialPlan) -> list[Any]:

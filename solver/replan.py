@@ -23,7 +23,7 @@ from solver.errors import InfeasibleError, InputError
 from solver.fields import Fields
 from solver.islands import Thresholds, build_islands
 from solver.loaders import load_cluster
-from solver.parallelizer import MemoryBreakdown, Parallelizer, PartialPlan
+from solver.parallelizer import MemoryBreakdown, PartialPlan
 from solver.pareto import plan_with_targets
 from solver.plan import Plan, SolverInfo, StagePlan
 from solver.plancache import CachingParallelizer

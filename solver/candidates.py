@@ -24,7 +24,7 @@ from solver.parallelizer import Parallelizer, PartialPlan, PlanContext
 from solver.pruning import dedupe_slices
 from solver.specs import Island, ModelSpec
 from solver.stage import ModelSlice
-from solver.table import LatencyTable, Position
+from solver.table import LatencyTable, Position, slice_position
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ class CandidateCache:
     def _plan(self, key: CandidateKey) -> tuple[Option, ...]:
         L = self.model.layers
         slices = [(a, b) for a, b in dedupe_slices(L, key.length, self.dedupe)
-                  if _position(a, b, L) is key.position]
+                  if slice_position(a, b, L) is key.position]
         # Only a single-stage plan pipelines inside its island (see the module docstring).
         max_pp = min(MAX_INTERNAL_PP, L) if key.position is Position.ONLY else 1
         ctx = PlanContext(**{**self.context.__dict__, "in_flight": key.in_flight,
@@ -179,12 +179,6 @@ class CandidateCache:
         # gets the same plan.
         self.mismatches += sum(1 for r in results[1:] if r != results[0])
         return results[0] if results else ()
-
-
-def _position(a: int, b: int, layers: int) -> Position:
-    if a == 0:
-        return Position.ONLY if b == layers else Position.FIRST
-    return Position.LAST if b == layers else Position.MIDDLE
 
 
 @dataclass(frozen=True)

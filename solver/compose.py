@@ -34,7 +34,7 @@ from solver.compose_dpcore import DPCore, Mode
 from solver.compose_types import (CompositionResult, SolveStatus, StageAssignment, TooLargeError,
                                   infeasible_result, make_stages, objective_of, optimal_result,
                                   plan_problems)
-from solver.table import LatencyTable, Position, Restrictions, dense_arrays
+from solver.table import LatencyTable, Position, Restrictions, dense_arrays, position_index
 
 __all__ = ["CompositionResult", "SolveStatus", "StageAssignment", "TooLargeError", "Position",
            "compose_dp", "compose_brute", "compose_paper_recurrence", "objective_of",
@@ -164,16 +164,9 @@ def _evaluate(core: DPCore, cap: float) -> tuple[float, float, list[tuple[int, i
 def _bottleneck(core: DPCore, plan: list[tuple[int, int, int]]) -> float:
     """Largest stage latency or link time in the plan (the same with and without overlap)."""
     big_l = core.layers
-    taus = [core.tau[k, _pos_index(a, b, big_l), b - a] for k, a, b in plan]
+    taus = [core.tau[k, position_index(a, b, big_l), b - a] for k, a, b in plan]
     links = [core.link[p[0], q[0]] for p, q in zip(plan, plan[1:])]
     return float(max(taus + links))
-
-
-def _pos_index(start: int, end: int, layers: int) -> int:
-    # Index into table.POSITIONS = (FIRST, MIDDLE, LAST, ONLY).
-    if start == 0:
-        return 3 if end == layers else 0
-    return 2 if end == layers else 1
 
 
 def explain_infeasible(table: LatencyTable, restrictions: Restrictions | None = None) -> str:

@@ -16,7 +16,7 @@ import numpy as np
 
 from solver.compose_types import (CompositionResult, SolveStatus, TooLargeError, infeasible_result,
                                   make_stages, objective_of, optimal_result)
-from solver.table import LatencyTable, Restrictions, dense_arrays
+from solver.table import LatencyTable, Restrictions, dense_arrays, position_index
 
 BRUTE_LIMIT = 200_000  # plans enumerated; about a second of pure Python
 
@@ -79,19 +79,12 @@ def _plan_time(tau: np.ndarray, link: np.ndarray, seq: tuple, cuts: tuple, n_mic
                overlap: bool) -> float:
     """``T`` of one plan from the dense (masked) arrays; inf when an entry is infeasible."""
     big_l = cuts[-1]
-    taus = [float(tau[k, _pos(a, b, big_l), b - a]) for k, a, b in zip(seq, cuts, cuts[1:])]
+    taus = [float(tau[k, position_index(a, b, big_l), b - a]) for k, a, b in zip(seq, cuts, cuts[1:])]
     links = [float(link[a, b]) for a, b in zip(seq, seq[1:])]
     costs = [max(t, c) for t, c in zip(taus, links + [0.0])] if overlap else taus + links
     if not all(math.isfinite(c) for c in costs):
         return math.inf
     return (n_micro - 1) * max(costs) + sum(costs)
-
-
-def _pos(start: int, end: int, layers: int) -> int:
-    # Index into table.POSITIONS = (FIRST, MIDDLE, LAST, ONLY).
-    if start == 0:
-        return 3 if end == layers else 0
-    return 2 if end == layers else 1
 
 
 def compose_paper_recurrence(table: LatencyTable,

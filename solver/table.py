@@ -56,6 +56,11 @@ def slice_position(start: int, end: int, layers: int) -> Position:
     return Position.LAST if end == layers else Position.MIDDLE
 
 
+def position_index(start: int, end: int, layers: int) -> int:
+    """Index of the slice's position in :data:`POSITIONS` (the dense arrays' second axis)."""
+    return POSITIONS.index(slice_position(start, end, layers))
+
+
 @dataclass(frozen=True)
 class LatencyTable:
     """Per-micro-batch latencies of every (island, slice length, position) and the link times.

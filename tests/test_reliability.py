@@ -61,7 +61,8 @@ def check_outcome(code: int, out: str, err: str) -> None:
 
 def fuzz_once(tmp_path: Path, target: int, which: int, kind: int, line: int, token: str) -> tuple:
     if target == 0:  # a cluster file, read by `islands`
-        src = sorted((INSTANCES / "clusters").glob("*.toml"))[which % 13]
+        clusters = sorted((INSTANCES / "clusters").glob("*.toml"))
+        src = clusters[which % len(clusters)]
         dst = tmp_path / src.name
         dst.write_text(mutate(src.read_text(), kind, line, token))
         return ["islands", str(dst), "--json"]
@@ -83,7 +84,8 @@ def fuzz_once(tmp_path: Path, target: int, which: int, kind: int, line: int, tok
         dst = tmp_path / src.name
         dst.write_text(mutate(pretty, kind, line, token))
         return ["compose", str(dst), "--json"]
-    src = sorted((INSTANCES / "estimate").glob("*.toml"))[which % 4]  # an estimate config
+    configs = sorted((INSTANCES / "estimate").glob("*.toml"))  # an estimate config
+    src = configs[which % len(configs)]
     dst = tmp_path / src.name
     dst.write_text(mutate(src.read_text(), kind, line, token))
     return ["estimate", str(dst), "--json"]

@@ -22,8 +22,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from solver.compose_types import StageAssignment, TooLargeError, make_stages
-from solver.table import POSITIONS, LatencyTable, Position, Restrictions
+from solver.compose.result import StageAssignment, TooLargeError, make_stages
+from solver.compose.table import POSITIONS, LatencyTable, Position, Restrictions
 
 MAX_CHOICE_VARS = 200_000  # s variables (4·K·L); beyond this use the DP
 BUDGET_UNITS = 1_000_000  # budget rates are modelled in micro-units ($/h, W, ...)

@@ -2,22 +2,27 @@
 
 The model is :mod:`formulations.assignment_common` on integer coefficients from
 :mod:`formulations.scaling` (the stated rounding tolerance applies). The reported objective is
-recomputed in floats from the decoded plan by :func:`~solver.compose_types.objective_of`; bound
+recomputed in floats from the decoded plan by :func:`~solver.compose.result.objective_of`; bound
 and gap come from the solver (bound unscaled to seconds, on the rounded data).
 """
 
 from __future__ import annotations
 
 from time import perf_counter
-from typing import Any, Sequence
 from types import MappingProxyType
+from typing import Any, Sequence
 
 from ortools.sat.python import cp_model
 
 from formulations.assignment_common import build_model, decode
 from formulations.scaling import scale_factor, to_seconds, to_units
-from solver.compose_types import CompositionResult, SolveStatus, infeasible_result, objective_of
-from solver.table import LatencyTable, Restrictions
+from solver.compose.result import (
+    CompositionResult,
+    SolveStatus,
+    infeasible_result,
+    objective_of,
+)
+from solver.compose.table import LatencyTable, Restrictions
 
 NUM_WORKERS = 2   # this project's CI machines have 2 cores
 RANDOM_SEED = 12345  # fixed for reproducible search

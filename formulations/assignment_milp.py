@@ -19,8 +19,13 @@ from typing import Any, Sequence
 import pulp
 
 from formulations.assignment_common import build_model, decode
-from solver.compose_types import CompositionResult, SolveStatus, infeasible_result, objective_of
-from solver.table import LatencyTable, Restrictions
+from solver.compose.result import (
+    CompositionResult,
+    SolveStatus,
+    infeasible_result,
+    objective_of,
+)
+from solver.compose.table import LatencyTable, Restrictions
 
 MIP_REL_GAP = 1e-9  # solvers' defaults (HiGHS: 1e-4) would stop short of the optimum
 MIP_ABS_GAP = 1e-10  # seconds; HiGHS' default 1e-6 is coarse next to sub-second tables
@@ -86,7 +91,7 @@ def solve_milp(table: LatencyTable, restrictions: Restrictions | None = None,
     Parameters
     ----------
     table, restrictions, overlap
-        As for :func:`solver.compose.compose_dp` (restrictions become named constraints).
+        As for :func:`solver.compose.dp.compose_dp` (restrictions become named constraints).
     time_limit_s : float
         Wall-clock limit passed to the solver.
     backend : MilpBackend

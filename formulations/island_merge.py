@@ -15,7 +15,7 @@ from ortools.sat.python import cp_model
 
 from formulations.scaling import UNITS_PER_TFLOP, to_units
 from solver.islands import Thresholds, partition_loss
-from solver.specs import Island, Node
+from solver.spec.domain import Island, Node
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from solver.table import LatencyTable
+from solver.compose.table import LatencyTable
 
 SCALE_TARGET = 1_000_000  # the largest entry maps to this many units
 

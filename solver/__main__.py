@@ -1,5 +1,5 @@
 """``python -m solver`` runs the ``tangram`` command."""
 
-from solver.cli import run
+from solver.cli.main import run
 
 run()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from solver.specs import ClusterSpec, Island, Node, PlannerOptions
+from solver.spec.domain import ClusterSpec, Island, Node, PlannerOptions
 
 
 @dataclass(frozen=True)

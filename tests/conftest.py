@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from solver.loaders import INSTANCES, load_catalog
-from solver.specs import ClusterSpec, NodeGroup
+from solver.spec.domain import ClusterSpec, NodeGroup
+from solver.spec.loaders import INSTANCES, load_catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,8 +14,8 @@ import pytest
 from formulations.assignment_cpsat import solve_cpsat
 from formulations.assignment_milp import MilpBackend, solve_milp
 from formulations.scaling import objective_tolerance
-from solver.compose import compose_dp
-from solver.table import load_table
+from solver.compose.dp import compose_dp
+from solver.compose.table import load_table
 
 pytestmark = pytest.mark.benchmark
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from solver.parallelizer import AnalyticParallelizer, PlanContext
-from solver.specs import Island, ModelSpec
-from solver.stage import ModelSlice
+from solver.cost.parallelizer import AnalyticParallelizer, PlanContext
+from solver.cost.stage import ModelSlice
+from solver.spec.domain import Island, ModelSpec
 
 LLAMA3_70B = ModelSpec("llama3-70b", layers=80, hidden=8192, ffn=28672, heads=64, kv_heads=8,
                        vocab=128256)

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import pytest
 
-from solver.candidates import CandidateCache, TableSpec, build_table
-from solver.compose import compose_dp
+from solver.compose.dp import compose_dp
+from solver.compose.table import load_table
 from solver.islands import build_islands
-from solver.loaders import INSTANCES, load_catalog, load_cluster, load_job
-from solver.planner import PlannerConfig, plan_job, start_run
-from solver.table import load_table
+from solver.planner.candidates import CandidateCache, TableSpec, build_table
+from solver.planner.search import PlannerConfig, plan_job, start_run
+from solver.spec.loaders import INSTANCES, load_catalog, load_cluster, load_job
 
 pytestmark = pytest.mark.benchmark
 

@@ -1,0 +1,142 @@
+"""``tangram bench [JOB ...] [--json] [--solvers dp,cpsat,milp] [--baselines] [--time-limit S]``.
+
+One row per job (default: every job of ``instances/jobs``). Progress goes to stderr when it is a
+terminal; Ctrl-C prints the rows finished so far and exits with status 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from solver.cli.report import emit_json, render_table
+from solver.spec.domain import SolverKind
+from solver.spec.errors import InputError
+from solver.studies.bench import (
+    BenchOptions,
+    BenchRow,
+    SolverRun,
+    SolverStatus,
+    bench_job,
+    row_json,
+    suite_paths,
+)
+
+INTERRUPTED = 130
+_ALLOWED = tuple(s for s in SolverKind if s is not SolverKind.BRUTE)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``bench`` subcommand."""
+    p = sub.add_parser("bench", help="run the benchmark suite: one row of measurements per job")
+    p.add_argument("jobs", metavar="JOB", nargs="*",
+                   help="job files or suite job names (default: every job in instances/jobs)")
+    p.add_argument("--json", action="store_true", help='print {"rows": [...]}')
+    p.add_argument("--solvers", metavar="LIST",
+                   help=f"also compose with these solvers and compare "
+                        f"(comma-separated: {','.join(s.value for s in _ALLOWED)})")
+    p.add_argument("--baselines", action="store_true",
+                   help="also plan the oblivious and restricted baselines (Figure 7)")
+    p.add_argument("--time-limit", type=float, metavar="S",
+                   help="CP-SAT/MILP time limit per solve (s)")
+    p.set_defaults(func=run)
+
+
+def parse_solvers(text: str | None) -> tuple[SolverKind, ...]:
+    """``dp,cpsat,milp`` → solver kinds (order kept, duplicates dropped)."""
+    if not text:
+        return ()
+    names = {s.value: s for s in _ALLOWED}
+    out: list[SolverKind] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part not in names:
+            raise InputError("<cli>", "--solvers",
+                             f"unknown solver {part!r} (choose from {', '.join(names)})")
+        if names[part] not in out:
+            out.append(names[part])
+    return tuple(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Bench the jobs; print the table or JSON (partial on Ctrl-C, exit 130)."""
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise InputError("<cli>", "--time-limit", f"must be positive, got {args.time_limit}")
+    options = BenchOptions(parse_solvers(args.solvers), args.baselines, args.time_limit)
+    paths = suite_paths(args.jobs)
+    rows: list[BenchRow] = []
+    status = 0
+    try:
+        for i, path in enumerate(paths, 1):
+            _progress(f"[{i}/{len(paths)}] {path.stem}")
+            rows.append(bench_job(path, options))
+    except KeyboardInterrupt:
+        status = INTERRUPTED
+    _progress("")
+    if status:
+        print(f"interrupted: {len(rows)} of {len(paths)} jobs finished", file=sys.stderr)
+    _emit(rows, options, args, interrupted=bool(status))
+    return status
+
+
+def _progress(text: str) -> None:
+    # Only on a terminal: logs and pipes get no carriage-return noise. Never on stdout.
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K" + text)
+        sys.stderr.flush()
+
+
+def _emit(rows: list[BenchRow], options: BenchOptions, args: argparse.Namespace,
+          interrupted: bool) -> None:
+    if args.json:
+        payload: dict = {"rows": [row_json(r) for r in rows]}
+        if interrupted:
+            payload["interrupted"] = True
+        emit_json(payload, args)
+        return
+    print(render_table([text_row(r, options) for r in rows]))
+    print("calls: parallelizer calls with rules 1-4 / without pruning (Rule.NONE, counted "
+          "without planning)")
+    if options.baselines:
+        print("oblivious, restricted, tangram: throughput relative to the oblivious baseline "
+              "(Figure 7; 'infeas.' = no feasible plan)")
+
+
+def text_row(row: BenchRow, options: BenchOptions) -> dict:
+    """The readable table row of ``row``."""
+    out = {"job": row.job, "GPUs": row.gpus, "isl": row.islands,
+           "split": row.split or "infeasible", "n": _txt(row.n_micro),
+           "tokens/s": _txt(row.tokens_per_s), "bubble": _pct(row.bubble_ratio),
+           "plan s": row.plan_time_s,
+           "calls": f"{_txt(row.calls)}/{_txt(row.calls_unpruned)}"}
+    for s in row.solvers:
+        out[s.solver] = solver_cell(s)
+    if options.solvers and len(options.solvers) > 1:
+        out["agree"] = {True: "yes", False: "NO", None: "-"}[row.agree]
+    for b in row.baselines:
+        out[b.name] = "infeas." if b.tokens_per_s is None else (
+            "n/a" if b.relative is None else f"{b.relative:.2f}")
+    return out
+
+
+def solver_cell(s: SolverRun) -> str:
+    """``18.121 s opt (0.01 s)``; limits show bound and gap."""
+    if s.objective_s is None:
+        return f"{s.status.value} ({s.time_s:.2f} s)"
+    text = f"{s.objective_s:.6f} s"
+    if s.status is SolverStatus.OPTIMAL:
+        return f"{text} opt ({s.time_s:.2f} s)"
+    if s.status is SolverStatus.UNPROVEN:
+        return f"{text} unproven: ran past a time limit ({s.time_s:.2f} s)"
+    bound = "?" if s.bound is None else f"{s.bound:.6f}"
+    gap = "?" if s.gap is None else f"{s.gap:.2%}"
+    return f"{text} LIMIT bound {bound} gap {gap} ({s.time_s:.2f} s)"
+
+
+def _txt(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f}" if isinstance(v, float) else str(v)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"

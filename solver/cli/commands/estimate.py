@@ -1,0 +1,59 @@
+"""``tangram estimate CONFIG [--json]``: time, throughput and memory of one fixed configuration."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from solver.cli.report import emit_json
+from solver.cost.efficiency import DEFAULT_CALIBRATION
+from solver.cost.estimate import Estimate, EstimateSetup, estimate
+from solver.cost.estimate_config import load_estimate_setup
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``estimate`` subcommand."""
+    p = sub.add_parser("estimate",
+                       help="estimate iteration time, throughput and memory of one configuration")
+    p.add_argument("config", metavar="CONFIG", help="estimate TOML file (see instances/estimate)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the CONFIG, estimate, print."""
+    setup, attention = load_estimate_setup(args.config)
+    calib = dataclasses.replace(DEFAULT_CALIBRATION, attention=attention)
+    result = estimate(setup, calib)
+    if args.json:
+        emit_json(result.to_json(), args)
+    else:
+        print("\n".join(_lines(setup, result)))
+    return 0
+
+
+def _lines(setup: EstimateSetup, e: Estimate) -> list[str]:
+    c, isl = e.config, setup.island
+    sched = setup.schedule.value + (f" (v={setup.virtual_stages})"
+                                    if setup.virtual_stages > 1 else "")
+    limit = (1 - setup.epsilon) * isl.hbm_gb
+    m = e.memory
+    lines = [
+        f"model {setup.model.name} on {isl.gpus} x {isl.gpu.name} "
+        f"({isl.gpus_per_node} per node, {isl.nic_gbits:g} Gb/s per GPU)",
+        f"parallel: tp {c.tp}, pp {c.pp}, dp {c.dp}, cp {c.cp}, ep {c.ep}, zero {c.zero}, "
+        f"recompute {c.recompute.value}, offload {'yes' if c.offload else 'no'}, schedule {sched}",
+        f"micro-batch {c.micro_batch} sequences per replica, {e.n_micro} micro-batches per iteration"
+        + (" (chosen: fastest that fits)" if setup.auto_micro_batch else ""),
+        f"iteration time {e.iteration_time_s:.3f} s, {e.tokens_per_s:,.0f} tokens/s, "
+        f"{e.tflops_per_gpu:.1f} TFLOP/s per GPU (MFU {e.mfu:.1%})",
+        f"memory per GPU (most loaded): params {m.params:.1f} GB, grads {m.grads:.1f} GB, "
+        f"optimizer {m.optimizer:.1f} GB, activations {m.activations:.1f} GB, "
+        f"total {m.total:.1f} GB "
+        + (f"(fits in {limit:.1f} GB)" if e.fits else f"(DOES NOT FIT in {limit:.1f} GB)"),
+        "time per iteration by cause:",
+    ]
+    for name, seconds in dataclasses.asdict(e.breakdown).items():
+        share = seconds / e.iteration_time_s if e.iteration_time_s else 0.0
+        lines.append(f"  {name:<10} {seconds:10.3f} s  {share:6.1%}")
+    return lines

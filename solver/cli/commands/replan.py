@@ -1,0 +1,67 @@
+"""``tangram replan PLAN.json --job JOB [--fail NODE_ID...] [--add NODES.toml] [--cache DIR]``.
+
+Re-plans after failed or added nodes, calling the parallelizer only where the partial-plan cache
+misses; prints the new plan with the throughput change and the re-planning time.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from solver.cli.commands.plan import render_plan
+from solver.cli.report import emit_json, island_json
+from solver.cost.parallelizer import AnalyticParallelizer
+from solver.planner.plan import plan_json
+from solver.planner.plancache import CachingParallelizer, open_store
+from solver.spec.fields import read_json
+from solver.spec.loaders import load_catalog, load_job
+from solver.studies.replan import ClusterChange, Replanned, load_added_nodes, replan
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``replan`` subcommand."""
+    p = sub.add_parser("replan", help="re-plan after node failures or additions (cached)")
+    p.add_argument("plan", metavar="PLAN.json", help="the previous plan (tangram plan --json)")
+    p.add_argument("--job", required=True, metavar="JOB", help="the job TOML the plan was made for")
+    p.add_argument("--fail", nargs="+", default=[], metavar="NODE_ID",
+                   help="ids of all nodes out of service (e.g. a100-3); the previous plan is "
+                        "always the plan of the job's own cluster")
+    p.add_argument("--add", metavar="NODES.toml", help="new [[nodes]] groups (cluster format)")
+    p.add_argument("--cache", metavar="DIR",
+                   help="partial-plan cache directory (default: $XDG_CACHE_HOME/tangram)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Re-plan and print."""
+    catalog = load_catalog()
+    job = load_job(args.job, catalog)
+    added = load_added_nodes(args.add, catalog) if args.add else None
+    par = CachingParallelizer(AnalyticParallelizer(job.planner.features), open_store(args.cache))
+    change = ClusterChange(tuple(args.fail), added, args.add or "<nodes>")
+    result = replan(job, read_json(args.plan), change, par, source=args.plan)
+    if args.json:
+        emit_json(replan_json(result), args)
+    else:
+        print(render_replan(result))
+    return 0
+
+
+def replan_json(r: Replanned) -> dict:
+    """The ``tangram replan --json`` object."""
+    return {"plan": plan_json(r.plan, [island_json(i) for i in r.plan.islands.islands]),
+            "previous_tokens_per_s": round(r.previous.tokens_per_s, 3),
+            "tokens_per_s": round(r.plan.tokens_per_s, 3), "change": round(r.change, 6),
+            "replan_time_s": round(r.time_s, 4), "parallelizer_calls": r.parallelizer_calls,
+            "cache_hits": r.cache_hits}
+
+
+def render_replan(r: Replanned) -> str:
+    """The new plan, then the change and the cost of re-planning."""
+    return "\n".join([
+        render_plan(r.plan), "",
+        f"throughput {r.previous.tokens_per_s:,.0f} -> {r.plan.tokens_per_s:,.0f} tokens/s "
+        f"({r.change:+.1%})",
+        f"re-planned in {r.time_s:.2f} s: {r.parallelizer_calls} parallelizer calls, "
+        f"{r.cache_hits} cache hits"])

@@ -1,0 +1,71 @@
+"""The ``tangram`` command: subcommands, one-line errors and exit codes.
+
+Exit codes: 0 ok, 2 bad input (``error: <file>: <key>: <reason>``), 3 infeasible
+(``no plan: <reason>``), 130 interrupted. Library code raises; only this module prints errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+import solver.cli.commands
+from solver.spec.errors import InfeasibleError, InputError
+
+# Subcommand modules live in ``solver.cli.commands``; each exposes ``register(subparsers)``, which adds
+# its parser and sets ``func``. The listing order below is the order of ``tangram --help``.
+FIRST = ("islands", "estimate", "compose", "plan", "verify", "sweep", "bench", "gen", "replan",
+         "pareto", "sweep_islands")
+
+
+def command_modules() -> list[str]:
+    """Names of the subcommand modules, the main ones first."""
+    found = sorted(m.name for m in pkgutil.iter_modules(solver.cli.commands.__path__))
+    return [m for m in FIRST if m in found] + [m for m in found if m not in FIRST]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors in the project's one-line format (exit 2)."""
+
+    def error(self, message: str) -> None:  # noqa: D102 - argparse hook
+        raise InputError("<cli>", self.prog, message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every available subcommand."""
+    parser = _Parser(prog="tangram", description="Plan LLM training on mixed-GPU clusters.")
+    parser.add_argument("--stable-json", action="store_true",
+                        help="write wall-clock times as 0 so --json output is byte-identical "
+                             "across runs (everything else already is)")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name in command_modules():
+        importlib.import_module(f"solver.cli.commands.{name}").register(sub)
+    for command in sub.choices.values():  # also accepted after the subcommand
+        command.add_argument("--stable-json", action="store_true", default=argparse.SUPPRESS,
+                             help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args) or 0)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except InfeasibleError as exc:
+        print(f"no plan: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

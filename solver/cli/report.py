@@ -1,0 +1,71 @@
+"""Plain-text tables and JSON payloads shared by the commands."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from solver.islands import IslandSet
+from solver.spec.domain import Island
+
+
+def render_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Left-aligned text table of homogeneous dict rows (keys are the header)."""
+    if not rows:
+        return "(none)"
+    header = list(rows[0])
+    cells = [[_fmt(r[h]) for h in header] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
+    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(c) for c in cells])
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return str(value)
+
+
+def island_json(isl: Island) -> dict[str, Any]:
+    """One island as in ``tangram islands --json`` (effective per-GPU values)."""
+    return {"name": isl.name, "gpu": isl.gpu.name, "nodes": [n.node_id for n in isl.nodes],
+            "gpus": isl.gpus, "gpus_per_node": isl.gpus_per_node,
+            "tflops_per_gpu": round(isl.tflops_per_gpu, 6), "hbm_gb": isl.hbm_gb,
+            "total_tflops": round(isl.total_tflops, 6)}
+
+
+def islands_json(result: IslandSet) -> dict[str, Any]:
+    """The ``tangram islands --json`` object."""
+    return {"islands": [island_json(i) for i in result.islands],
+            "merges": [{"members": list(m.members), "into": m.into, "loss": round(m.loss, 6)}
+                       for m in result.merges]}
+
+
+def island_rows(islands: Sequence[Island]) -> list[dict[str, Any]]:
+    """Readable table rows of islands."""
+    return [{"island": i.name, "gpu": i.gpu.name, "nodes": len(i.nodes), "gpus": i.gpus,
+             "TFLOP/s/gpu": i.tflops_per_gpu, "HBM GB": i.hbm_gb, "total TFLOP/s": i.total_tflops}
+            for i in islands]
+
+
+# Wall-clock measurements in JSON payloads: the only values that differ between two runs of the
+# same input. ``--stable-json`` writes them as 0.0 so that outputs can be compared byte for byte.
+WALL_CLOCK_KEYS = frozenset({"time_s", "replan_time_s", "planning_time_s", "wall_time_s"})
+
+
+def without_wall_clock(payload: Any) -> Any:
+    """``payload`` with every wall-clock value (keys in WALL_CLOCK_KEYS) replaced by 0.0."""
+    if isinstance(payload, dict):
+        return {k: (0.0 if k in WALL_CLOCK_KEYS and isinstance(v, (int, float)) else
+                    without_wall_clock(v)) for k, v in payload.items()}
+    if isinstance(payload, list):
+        return [without_wall_clock(v) for v in payload]
+    return payload
+
+
+def emit_json(payload: Any, args: Any) -> None:
+    """Print ``payload`` as indented JSON; ``args.stable_json`` zeroes wall-clock times."""
+    import json
+    import sys
+    if getattr(args, "stable_json", False):
+        payload = without_wall_clock(payload)
+    sys.stdout.write(json.dumps(payload, indent=2) + "\n")

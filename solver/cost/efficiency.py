@@ -1,0 +1,211 @@
+"""Calibration constants, the GEMM efficiency curve and link/collective timing (the cost model's
+hardware side). Every tunable number of the cost model lives in :class:`Calibration`.
+
+Sources
+-------
+- Collective costs are the ring-algorithm bandwidth terms of the Scaling Book chapter "How to
+  Parallelize a Transformer for Training" (``seeds/004``): all-reduce ``2 (q-1)/q M / W``,
+  all-gather / reduce-scatter / all-to-all ``(q-1)/q M / W``, plus a per-step latency ``alpha``.
+- Link bandwidths come from the datasheets in ``instances/gpus.toml``: NVLink figures are
+  bidirectional totals, so one direction carries half; a NIC of ``x`` Gb/s moves ``x / 8`` GB/s.
+- The efficiency constants are fitted on Narayanan et al., SC'21, Table 1 only
+  (``instances/calibration/megatron-sc21-table1.csv``; ``python -m solver.cost.calibration``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from solver.spec.domain import Island
+
+
+class AttentionKernel(enum.Enum):
+    """How the attention core runs (a property of the training software).
+
+    ``FLASH``: a fused, IO-aware kernel (Dao et al., FlashAttention, 2022/2023) that skips the
+    masked half of causal attention and stores no ``s^2`` tensors. ``UNFUSED``: batched GEMMs
+    around a materialised score matrix (softmax, dropout), as in Megatron-LM 2021; it computes the
+    full square and stores the scores (Korthikanti et al.'s ``5 a s / h`` term).
+    """
+
+    FLASH = "flash"
+    UNFUSED = "unfused"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The cost model's efficiency constants, in one place.
+
+    GEMM efficiency curve: a bf16 GEMM of shape ``(M, N, K)`` runs at
+    ``gemm_eff_max * xi / (xi + gemm_half_balance * B)`` of peak, where
+    ``xi = 1 / (1/M + 1/N + 1/K)`` is the GEMM's arithmetic intensity in FLOP per byte of bf16
+    operands (``2MNK / (2(MN + NK + MK))``) and ``B`` the GPU's machine balance, peak FLOP/s over
+    HBM bytes/s (the roofline ridge point: 153 FLOP/B for A100-80GB, 295 for H100-SXM). Large
+    square GEMMs approach ``gemm_eff_max``; a narrow TP shard (small ``N`` or ``K``) or a small
+    micro-batch (small ``M``) pulls ``xi`` down, and a GPU with more FLOPs per byte of bandwidth
+    needs larger tiles for the same fraction of its peak.
+
+    Provenance of the defaults. Fitted on SC'21 Table 1 (minimax of the log error, all ten rows,
+    max error 4.9 %; leave-one-out max error about 6 %): ``gemm_half_balance``,
+    ``unfused_attention_eff``, ``elementwise_bytes``, ``dp_overlap``. Chosen, not fitted: ``gemm_eff_max`` = 0.80 (large bf16 GEMMs on A100/H100
+    reach 75-85 % of peak), ``flash_attention_eff`` (FlashAttention-2 paper), ``tp_overlap`` = 0
+    (Megatron-LM without ``--tp-comm-overlap``), bus efficiencies and latencies (NCCL all-reduce
+    bus bandwidth of about 230 GB/s on DGX A100 NVLink, 85 % of line rate on InfiniBand),
+    ``hbm_eff`` and ``pcie_eff`` (typical STREAM-like fractions).
+
+    Attributes
+    ----------
+    gemm_eff_max : float
+        Asymptotic fraction of peak reached by large GEMMs.
+    gemm_half_balance : float
+        Arithmetic intensity at which GEMM efficiency is half of ``gemm_eff_max``, in multiples of
+        the GPU's machine balance.
+    attention : AttentionKernel
+        Attention implementation of the software stack (default: FlashAttention).
+    flash_attention_eff : float
+        Fraction of peak a FlashAttention kernel reaches on the FLOPs it executes (half of the
+        full square for causal masks). Not fitted: FlashAttention-2 (Dao 2023) reports 50-73 %
+        forward and somewhat less backward on A100.
+    unfused_attention_eff : float
+        Fraction of peak of an unfused attention core on the full-square FLOPs (the score
+        matrix's softmax/dropout HBM traffic included). Fitted on Megatron-LM 2021.
+    elementwise_bytes : float
+        HBM bytes moved per hidden element per token per layer in the forward pass by the
+        memory-bound operators (norms, activation function, residual adds, rotary, casts);
+        the backward pass moves twice as much.
+    hbm_eff : float
+        Fraction of the HBM datasheet bandwidth reached by memory-bound kernels.
+    nvlink_eff : float
+        Collective bus efficiency on NVLink, applied to half the bidirectional datasheet figure.
+    nic_eff : float
+        Collective bus efficiency on the network (applied to NIC Gb/s / 8).
+    pcie_eff : float
+        Fraction of the host-link bandwidth reached by activation offload copies.
+    nvlink_latency_s : float
+        Latency per ring step of a collective inside a node.
+    nic_latency_s : float
+        Latency per ring step of a collective across nodes.
+    tp_overlap : float
+        Fraction of tensor-parallel communication hidden behind compute (0: exposed, as in
+        Megatron-LM 2021).
+    dp_overlap : float
+        Fraction of the last micro-batch's backward pass that the data-parallel gradient
+        synchronisation can hide behind (buckets are reduced as soon as their gradients are final).
+    offload_resident : float
+        Micro-batches of activations that stay in HBM with offload (the one being computed).
+    host_offload_gb : float
+        Host memory per GPU available for offloaded activations, GB (a DGX A100/H100 node has
+        2 TB for 8 GPUs; half is left to the OS, data loading and pinned buffers).
+    optimizer_bytes : float
+        HBM bytes an Adam step touches per parameter it updates: read the fp32 gradient (4),
+        read and write fp32 master weight, m and v (24), write the bf16 weight (2).
+    """
+
+    gemm_eff_max: float = 0.80
+    gemm_half_balance: float = 3.07
+    attention: AttentionKernel = AttentionKernel.FLASH
+    flash_attention_eff: float = 0.50
+    unfused_attention_eff: float = 0.145
+    elementwise_bytes: float = 31.0
+    hbm_eff: float = 0.80
+    nvlink_eff: float = 0.78
+    nic_eff: float = 0.85
+    pcie_eff: float = 0.80
+    nvlink_latency_s: float = 3e-6
+    nic_latency_s: float = 8e-6
+    tp_overlap: float = 0.0
+    dp_overlap: float = 0.24
+    offload_resident: float = 1.0
+    host_offload_gb: float = 128.0
+    optimizer_bytes: float = 30.0
+
+
+DEFAULT_CALIBRATION = Calibration()
+
+
+def gemm_efficiency(m: np.ndarray, n: np.ndarray, k: np.ndarray, calib: Calibration,
+                    balance: float) -> np.ndarray:
+    """Fraction of peak reached by GEMMs of shape ``(m, n, k)`` (arrays broadcast) on a GPU whose
+    machine balance (peak FLOP/s / HBM bytes/s) is ``balance``.
+
+    The curve and its constants are documented on :class:`Calibration`.
+    """
+    m, n, k = (np.maximum(np.asarray(x, dtype=float), 1.0) for x in (m, n, k))
+    xi = 1.0 / (1.0 / m + 1.0 / n + 1.0 / k)
+    return calib.gemm_eff_max * xi / (xi + calib.gemm_half_balance * balance)
+
+
+def machine_balance(island: Island) -> float:
+    """Peak FLOP/s per HBM byte/s of the island's GPUs (datasheet values)."""
+    return island.tflops_per_gpu * 1e12 / (island.hbm_bw_gbs * 1e9)
+
+
+def gemm_time(flops: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, peak_flops: float,
+              calib: Calibration, balance: float) -> np.ndarray:
+    """Seconds for ``flops`` of GEMM work of shape ``(m, n, k)`` on a GPU of ``peak_flops``."""
+    return flops / (peak_flops * gemm_efficiency(m, n, k, calib, balance))
+
+
+@dataclass(frozen=True)
+class Links:
+    """Per-GPU, per-direction bandwidths (bytes/s) and step latencies of one island.
+
+    Attributes
+    ----------
+    intra_bw, inter_bw : float
+        Bus bandwidth of collectives inside a node (NVLink, or PCIe without it) and across nodes.
+    intra_lat, inter_lat : float
+        Latency per ring step inside a node and across nodes (s).
+    pcie_bw : float
+        Host-link bandwidth for offload (bytes/s).
+    hbm_bw : float
+        Effective HBM bandwidth for memory-bound kernels (bytes/s).
+    gpus_per_node : int
+        Node size: groups spanning more consecutive ranks than this use the network.
+    """
+
+    intra_bw: float
+    inter_bw: float
+    intra_lat: float
+    inter_lat: float
+    pcie_bw: float
+    hbm_bw: float
+    gpus_per_node: int
+
+    @classmethod
+    def of(cls, island: Island, calib: Calibration) -> "Links":
+        """The island's links, derated by the calibration's efficiencies."""
+        # NVLink datasheet figures are bidirectional totals: one direction carries half. A GPU
+        # without NVLink talks to its node peers over PCIe, whose figure is already per direction.
+        intra = min(n.gpu.nvlink_gbs / 2 if n.gpu.nvlink_gbs else n.gpu.pcie_gbs
+                    for n in island.nodes)
+        return cls(
+            intra_bw=intra * 1e9 * calib.nvlink_eff,
+            inter_bw=island.nic_gbits / 8 * 1e9 * calib.nic_eff,
+            intra_lat=calib.nvlink_latency_s,
+            inter_lat=calib.nic_latency_s,
+            pcie_bw=island.pcie_gbs * 1e9 * calib.pcie_eff,
+            hbm_bw=island.hbm_bw_gbs * 1e9 * calib.hbm_eff,
+            gpus_per_node=island.gpus_per_node,
+        )
+
+    def select(self, span: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bandwidth and step latency for groups spanning ``span`` consecutive ranks."""
+        inside = np.asarray(span) <= self.gpus_per_node
+        return (np.where(inside, self.intra_bw, self.inter_bw),
+                np.where(inside, self.intra_lat, self.inter_lat))
+
+
+def ring_time(bytes_: np.ndarray, group: np.ndarray, bw: np.ndarray, lat: np.ndarray,
+              factor: float = 1.0) -> np.ndarray:
+    """One ring collective over ``group`` ranks on a tensor of ``bytes_`` (the full tensor).
+
+    ``factor`` 1 gives all-gather / reduce-scatter / all-to-all, 2 gives all-reduce (the Scaling
+    Book's ``(q-1)/q M / W`` per phase). A group of one costs nothing.
+    """
+    q = np.asarray(group, dtype=float)
+    steps = factor * (q - 1.0)
+    return np.where(q > 1, steps / q * bytes_ / bw + steps * lat, 0.0)

@@ -1,0 +1,214 @@
+"""Iteration time, throughput and memory of one fixed homogeneous parallel configuration.
+
+The engine behind ``tangram estimate`` and the Megatron calibration. A homogeneous pipeline of
+``p`` equal stages with ``m`` micro-batches takes ``(m + p - 1) t`` (1F1B and GPipe) or
+``(m + (p - 1) / v) t`` (interleaved 1F1B with ``v`` model chunks per GPU; Narayanan et al., SC'21,
+Sec. 2.2), where ``t`` is the bottleneck stage's forward + backward time per micro-batch, plus the
+exposed data-parallel gradient synchronisation and the optimizer step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
+from solver.cost.stage import ConfigArrays, ModelSlice, StageConfig
+from solver.cost.stage_costs import (
+    PipelineSetting,
+    StageCosts,
+    model_flops_per_token,
+    stage_costs,
+)
+from solver.spec.domain import Island, ModelSpec, Schedule
+
+
+@dataclass(frozen=True)
+class EstimateSetup:
+    """A training job on one homogeneous island with a fixed parallel configuration.
+
+    Attributes
+    ----------
+    model : ModelSpec
+        The model.
+    island : Island
+        The GPUs.
+    global_batch : int
+        Sequences per iteration.
+    seq_len : int
+        Tokens per sequence.
+    parallel : StageConfig
+        Degrees, ZeRO, recomputation, offload; its ``micro_batch`` is used unless
+        ``auto_micro_batch``.
+    auto_micro_batch : bool
+        Choose the fastest micro-batch (a divisor of ``global_batch / dp``) that fits.
+    schedule : Schedule
+        Pipeline schedule.
+    virtual_stages : int
+        Model chunks per GPU for the interleaved schedule (1 otherwise).
+    epsilon : float
+        Memory margin: a configuration fits when it uses at most ``(1 - epsilon)`` of HBM (and
+        its offloaded activations fit the host budget of the calibration).
+    """
+
+    model: ModelSpec
+    island: Island
+    global_batch: int
+    seq_len: int
+    parallel: StageConfig
+    auto_micro_batch: bool = False
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    virtual_stages: int = 1
+    epsilon: float = 0.1
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Seconds per iteration by cause (they sum to the iteration time).
+
+    Attributes
+    ----------
+    compute, recompute, tp_comm, cp_comm, ep_comm, dp_comm, optimizer, offload : float
+        Steady-state pipeline time by cause (``m`` micro-batches of the bottleneck stage);
+        ``dp_comm`` includes ZeRO-3 gathers and the exposed per-iteration gradient sync.
+    pp_bubble : float
+        Pipeline fill and drain, plus point-to-point transfers between stages.
+    """
+
+    compute: float
+    recompute: float
+    tp_comm: float
+    cp_comm: float
+    ep_comm: float
+    pp_bubble: float
+    dp_comm: float
+    optimizer: float
+    offload: float
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Per-GPU memory of the most loaded GPU, GB (10^9 bytes).
+
+    Attributes
+    ----------
+    params, grads, optimizer, activations, total : float
+        Weights, gradients, optimizer states, activations and their sum.
+    """
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    total: float
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Result of :func:`estimate`.
+
+    Attributes
+    ----------
+    config : StageConfig
+        The configuration evaluated (with the chosen micro-batch).
+    n_micro : int
+        Micro-batches per iteration per pipeline.
+    iteration_time_s, tokens_per_s : float
+        Seconds per iteration and trained tokens per second.
+    tflops_per_gpu : float
+        Model FLOPs (no recomputation) per GPU per second, in TFLOP/s.
+    mfu : float
+        ``tflops_per_gpu`` over the GPU's peak.
+    fits : bool
+        Peak memory within ``(1 - epsilon)`` of HBM.
+    memory : MemoryReport
+        Memory of the most loaded GPU.
+    breakdown : Breakdown
+        Iteration time by cause.
+    """
+
+    config: StageConfig
+    n_micro: int
+    iteration_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    fits: bool
+    memory: MemoryReport
+    breakdown: Breakdown
+
+    def to_json(self) -> dict:
+        """The public ``tangram estimate --json`` object."""
+        return {
+            "iteration_time_s": self.iteration_time_s, "tokens_per_s": self.tokens_per_s,
+            "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu,
+            "micro_batch": self.config.micro_batch, "fits": self.fits,
+            "memory_gb": dataclasses.asdict(self.memory),
+            "breakdown": dataclasses.asdict(self.breakdown),
+        }
+
+
+def micro_batch_candidates(setup: EstimateSetup) -> list[int]:
+    """Micro-batches to evaluate: all divisors of the per-replica batch, or the given one."""
+    if not setup.auto_micro_batch:
+        return [setup.parallel.micro_batch]
+    per_replica = setup.global_batch // setup.parallel.dp
+    return [b for b in range(1, per_replica + 1) if per_replica % b == 0]
+
+
+def _bubble_stages(setup: EstimateSetup) -> float:
+    """Fill/drain length in micro-batch times: ``p - 1``, or ``(p - 1) / v`` interleaved."""
+    p = setup.parallel.pp
+    if setup.schedule is Schedule.INTERLEAVED:
+        return (p - 1) / setup.virtual_stages
+    return float(p - 1)
+
+
+def _evaluate(setup: EstimateSetup, calib: Calibration) -> tuple[ConfigArrays, StageCosts,
+                                                                np.ndarray, np.ndarray]:
+    """Costs of every micro-batch candidate: configs, costs, n_micro and iteration time."""
+    configs = [dataclasses.replace(setup.parallel, micro_batch=b)
+               for b in micro_batch_candidates(setup)]
+    cfg = ConfigArrays.of(configs)
+    n_micro = setup.global_batch // (setup.parallel.dp * cfg.micro_batch)
+    pipe = PipelineSetting(n_micro, 1, setup.schedule, setup.virtual_stages)
+    costs = stage_costs(ModelSlice.whole(setup.model), setup.island, setup.seq_len, cfg, pipe,
+                        calib)
+    time = (n_micro + _bubble_stages(setup)) * costs.latency_s + costs.iteration_s
+    return cfg, costs, n_micro, time
+
+
+def estimate(setup: EstimateSetup, calib: Calibration = DEFAULT_CALIBRATION) -> Estimate:
+    """Evaluate the setup; with ``auto_micro_batch`` the fastest fitting micro-batch wins (or,
+    when none fits, the one using the least memory, reported with ``fits = False``)."""
+    cfg, costs, n_micro, time = _evaluate(setup, calib)
+    total = costs.memory.total
+    fits = costs.fits(setup.island.hbm_gb, setup.epsilon, calib)
+    i = int(np.argmin(np.where(fits, time, np.inf))) if fits.any() else int(np.argmin(total))
+    return _report(setup, cfg.config(i), costs, i, int(n_micro[i]), float(time[i]),
+                   bool(fits[i]))
+
+
+def _report(setup: EstimateSetup, config: StageConfig, costs: StageCosts, i: int, m: int,
+            time: float, fits: bool) -> Estimate:
+    tokens = setup.global_batch * setup.seq_len
+    gpus = setup.island.gpus
+    tflops = model_flops_per_token(setup.model, setup.seq_len) * tokens / time / gpus / 1e12
+    mem = costs.memory
+    memory = MemoryReport(*(float(getattr(mem, k)[i]) / 1e9
+                            for k in ("params", "grads", "optimizer", "activations", "total")))
+    f, b = costs.fwd, costs.bwd
+
+    def per_iter(name: str) -> float:
+        return m * float(getattr(f, name)[i] + getattr(b, name)[i])
+
+    breakdown = Breakdown(
+        compute=per_iter("compute"), recompute=per_iter("recompute"), tp_comm=per_iter("tp"),
+        cp_comm=per_iter("cp"), ep_comm=per_iter("ep"),
+        pp_bubble=_bubble_stages(setup) * float(costs.latency_s[i]) + per_iter("p2p"),
+        dp_comm=per_iter("zero") + float(costs.dp_s[i]),
+        optimizer=float(costs.optimizer_s[i]), offload=per_iter("offload"))
+    return Estimate(config, m, time, tokens / time, tflops, tflops / setup.island.tflops_per_gpu,
+                    fits, memory, breakdown)

@@ -1,0 +1,135 @@
+"""Reading a ``tangram estimate`` CONFIG file (public format) into an :class:`EstimateSetup`.
+
+Format (TOML)::
+
+    model = "llama3-70b"          # catalog name, file path or inline table
+    gpu = "H100-SXM-80GB"         # GPU catalog name
+    gpus = 64
+    gpus_per_node = 8             # optional (8)
+    nic_gbits = 400               # optional (the catalog's value)
+    epsilon = 0.1                 # optional memory margin (0.1)
+    description = "..."           # optional
+
+    [training]
+    global_batch = 512            # sequences per iteration
+    seq_len = 8192
+
+    [parallel]
+    tp = 8
+    pp = 4
+    dp = 2
+    cp = 1                        # optional (1)
+    ep = 1                        # optional (1)
+    zero = 1                      # optional (0)
+    recompute = "none"            # none | selective | full
+    offload = false
+    schedule = "interleaved"      # 1f1b | gpipe | interleaved
+    virtual_stages = 5            # only with "interleaved" (required there)
+    micro_batch = 1               # optional: sequences per micro-batch per replica (auto if absent)
+    attention = "flash"           # optional: flash | unfused (Megatron-LM 2021)
+
+``tp * pp * dp * cp`` must equal ``gpus``; every value is checked through
+:class:`~solver.spec.fields.Fields` and a bad one raises :class:`~solver.spec.errors.InputError`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from solver.cost.efficiency import AttentionKernel
+from solver.cost.estimate import EstimateSetup
+from solver.cost.stage import StageConfig
+from solver.spec.domain import GPUSpec, Island, ModelSpec, Recompute, Schedule
+from solver.spec.errors import InputError
+from solver.spec.fields import Fields, read_toml
+from solver.spec.loaders import MAX_GPUS, load_catalog, load_model_ref
+
+
+def load_estimate_setup(path: Path | str, catalog: dict[str, GPUSpec] | None = None
+                        ) -> tuple[EstimateSetup, AttentionKernel]:
+    """The setup described by the CONFIG file, and its attention kernel."""
+    path = Path(path)
+    catalog = catalog if catalog is not None else load_catalog()
+    f = Fields(read_toml(path), str(path))
+    f.get("description", str, "")
+    model = load_model_ref(f.get("model", object), str(path), "model", path.parent)
+    island = _island(f, catalog)
+    epsilon = f.get("epsilon", float, 0.1, lo=0.0, hi=0.9)
+    tf = f.sub("training", required=True)
+    global_batch = tf.get("global_batch", int, lo=1, hi=10**7)
+    seq_len = tf.get("seq_len", int, lo=1, hi=10**7)
+    tf.done()
+    pf = f.sub("parallel", required=True)
+    setup, attention = _parallel(pf, model, island, global_batch, seq_len, epsilon)
+    pf.done()
+    f.done()
+    return setup, attention
+
+
+def _island(f: Fields, catalog: dict[str, GPUSpec]) -> Island:
+    name = f.get("gpu", str)
+    if name not in catalog:
+        raise f.error("gpu", f"unknown GPU {name!r} (catalog: {', '.join(sorted(catalog))})")
+    gpu = catalog[name]
+    gpus = f.get("gpus", int, lo=1, hi=MAX_GPUS)
+    per_node = f.get("gpus_per_node", int, 8, lo=1, hi=64)
+    nic = f.get("nic_gbits", float, gpu.nic_gbits, lo=0, lo_open=True, hi=1e6)
+    return Island.homogeneous(f"{gpus}x{name}", gpu, gpus, per_node, nic)
+
+
+def _parallel(f: Fields, model: ModelSpec, island: Island, global_batch: int, seq_len: int,
+              epsilon: float) -> tuple[EstimateSetup, AttentionKernel]:
+    cfg = StageConfig(
+        tp=f.get("tp", int, lo=1, hi=MAX_GPUS), pp=f.get("pp", int, lo=1, hi=MAX_GPUS),
+        dp=f.get("dp", int, lo=1, hi=MAX_GPUS), cp=f.get("cp", int, 1, lo=1, hi=MAX_GPUS),
+        ep=f.get("ep", int, 1, lo=1, hi=MAX_GPUS), zero=f.get("zero", int, 0, lo=0, hi=3),
+        recompute=f.get_enum("recompute", Recompute, Recompute.NONE),
+        offload=f.get("offload", bool, False),
+        micro_batch=f.get("micro_batch", int, 1, lo=1, hi=10**7))
+    _check_total(f, cfg, island.gpus)
+    auto = not f.has("micro_batch")
+    schedule = f.get_enum("schedule", Schedule, Schedule.ONE_F_ONE_B)
+    interleaved = schedule is Schedule.INTERLEAVED
+    f.check("virtual_stages", interleaved or not f.has("virtual_stages"),
+            'virtual_stages needs schedule = "interleaved"')
+    f.check("virtual_stages", not interleaved or f.has("virtual_stages"),
+            'schedule = "interleaved" needs virtual_stages (model chunks per GPU)')
+    v = f.get("virtual_stages", int, 1, lo=1, hi=4096)
+    attention = f.get_enum("attention", AttentionKernel, AttentionKernel.FLASH)
+    _check_shapes(f, model, cfg, seq_len)
+    _check_batch(f, cfg, global_batch, auto)
+    f.check("virtual_stages", not interleaved or (cfg.pp > 1 and cfg.pp * v <= model.layers),
+            f"interleaving needs pp > 1 and pp * virtual_stages <= layers ({model.layers}), "
+            f"got pp {cfg.pp} x {v}")
+    setup = EstimateSetup(model, island, global_batch, seq_len, cfg, auto, schedule, v, epsilon)
+    return setup, attention
+
+
+def _check_shapes(f: Fields, m: ModelSpec, cfg: StageConfig, seq_len: int) -> None:
+    widths = [m.hidden, m.ffn] + ([m.expert_ffn] if m.is_moe else [])
+    f.check("tp", m.heads % cfg.tp == 0 and all(w % cfg.tp == 0 for w in widths),
+            f"tp {cfg.tp} must divide heads ({m.heads}), hidden and MLP widths")
+    f.check("tp", m.kv_heads % cfg.tp == 0 or cfg.tp % m.kv_heads == 0,
+            f"tp {cfg.tp} and kv_heads {m.kv_heads} must divide one another")
+    f.check("pp", cfg.pp <= m.layers, f"pp {cfg.pp} exceeds the model's {m.layers} layers")
+    f.check("cp", seq_len % cfg.cp == 0, f"cp {cfg.cp} must divide seq_len {seq_len}")
+    if not m.is_moe:
+        f.check("ep", cfg.ep == 1, "ep > 1 needs an MoE model")
+        return
+    f.check("ep", m.experts % cfg.ep == 0 and (cfg.dp * cfg.cp) % cfg.ep == 0,
+            f"ep {cfg.ep} must divide the experts ({m.experts}) and dp * cp ({cfg.dp * cfg.cp})")
+
+
+def _check_batch(f: Fields, cfg: StageConfig, global_batch: int, auto: bool) -> None:
+    f.check("dp", global_batch % cfg.dp == 0,
+            f"dp {cfg.dp} must divide training.global_batch {global_batch}")
+    per_replica = global_batch // cfg.dp
+    f.check("micro_batch", auto or per_replica % cfg.micro_batch == 0,
+            f"micro_batch {cfg.micro_batch} must divide global_batch / dp = {per_replica}")
+
+
+def _check_total(f: Fields, cfg: StageConfig, gpus: int) -> None:
+    if cfg.gpus != gpus:
+        raise InputError(f.file, f.prefix,
+                         f"tp * pp * dp * cp = {cfg.tp} * {cfg.pp} * {cfg.dp} * {cfg.cp} = "
+                         f"{cfg.gpus} must equal gpus = {gpus}")

@@ -1,0 +1,193 @@
+"""Per-GPU memory of a stage: model states (eq. 1 of the seed note) and activations, vectorized.
+
+Model states (Rajbhandari et al., "ZeRO", SC'20; Megatron-LM's mixed-precision layout):
+bf16 weights 2 B/param, fp32 main gradients 4 B/param (Megatron accumulates and reduces gradients
+in fp32 for bf16 training), fp32 Adam master weights + m + v 12 B/param: 18 B/param without ZeRO.
+ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the weights, over the
+``dp * cp`` ranks holding the same weights (experts: over ``dp * cp / ep``). ZeRO-3 also holds a
+prefetch buffer of two gathered layers.
+
+Activations (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
+MLSys 2023 / arXiv 2205.05198): a GPT layer stores ``s b h (34 + 5 a s / h)`` bytes; the count is
+redone here tensor by tensor for GQA, gated MLPs, MoE, FlashAttention and no dropout (see
+:func:`activation_bytes_per_token`). Tensor parallelism with sequence parallelism divides
+everything by ``tp``; context parallelism divides the sequence by ``cp``. Stage ``i`` of a 1F1B
+pipeline holds ``min(p - i, m)`` micro-batches of activations (Narayanan et al., SC'21).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays
+from solver.spec.domain import ModelSpec, Recompute
+
+WEIGHT_BYTES = 2.0      # bf16 weights
+GRAD_BYTES = 4.0        # fp32 main gradients (Megatron-LM, bf16 training)
+OPTIMIZER_BYTES = 12.0  # fp32 master weights + Adam m + v
+LOGIT_BYTES = 4.0       # fp32 logits kept by the vocab-parallel cross entropy for its backward
+ZERO3_PREFETCH_LAYERS = 2.0  # gathered layers held by ZeRO-3 (current + prefetched)
+
+
+@dataclass(frozen=True)
+class LayerParams:
+    """Weights of one layer, split by how they are sharded.
+
+    Attributes
+    ----------
+    dense : int
+        Attention, norms, router and shared experts: sharded by ``tp``, replicated ``dp * cp``.
+    expert : int
+        Routed experts: sharded by ``tp * ep``, replicated ``dp * cp / ep``.
+    """
+
+    dense: int
+    expert: int
+
+    @classmethod
+    def of(cls, model: ModelSpec) -> "LayerParams":
+        """Split of ``model``'s per-layer weights."""
+        expert = model.experts * model.expert_params if model.is_moe else 0
+        return cls(model.params_per_layer - expert, expert)
+
+
+def _mlp_intermediate_bytes(model: ModelSpec, width: int) -> float:
+    """Bytes per token an MLP of ``width`` stores between its two projections.
+
+    Gated (SwiGLU): both up-projection outputs (4 f, the fused activation recomputes SiLU in
+    backward) and their product, the down-projection input (2 f). Classic GELU MLP: the GELU input
+    and output (2 f each), as in Korthikanti et al.
+    """
+    return (6.0 if model.gated_mlp else 4.0) * width
+
+
+def activation_bytes_per_token(model: ModelSpec, seq_len: int, recompute: Recompute,
+                               flash: bool = True, dropout: bool = False) -> float:
+    """Activation bytes one layer stores per token for its backward pass (no parallelism).
+
+    Korthikanti et al. (2022), Sec. 4.1, recounted. Attention: norm input 2h, QKV input 2h, Q 2q,
+    K and V 2kv each, attention output (O-projection input) 2q, and either FlashAttention's fp32
+    log-sum-exp (4 per head) or the materialised scores (softmax output 2as, plus dropout mask as
+    and output 2as with dropout). MLP: norm input 2h, MLP input 2h and the intermediate
+    (:func:`_mlp_intermediate_bytes`). MoE: router input 2h and fp32 router probabilities 4E; each
+    of the k routed copies stores its permuted input 2h, intermediate and output 2h. Dropout adds
+    1-byte masks after attention and MLP. With ``flash=False, dropout=True`` and a GPT shape
+    (f = 4h, MHA) this is exactly ``34 h + 5 a s``.
+
+    Selective recomputation drops the attention-score terms (nothing with FlashAttention, which
+    already recomputes them); full recomputation keeps only the layer input, 2h.
+    """
+    h, a = model.hidden, model.heads
+    if recompute is Recompute.FULL:
+        return 2.0 * h
+    q, kv = a * model.d_head, model.kv_heads * model.d_head
+    scores = 0.0
+    if not flash and recompute is Recompute.NONE:
+        scores = (5.0 if dropout else 2.0) * a * seq_len
+    softmax_stats = 4.0 * a if flash else 0.0
+    attention = 2 * h + 2 * h + 2 * q + 4 * kv + 2 * q + scores + softmax_stats
+    if model.is_moe:
+        routed = model.top_k * (4.0 * h + _mlp_intermediate_bytes(model, model.expert_ffn))
+        shared = model.shared_experts * _mlp_intermediate_bytes(model, model.expert_ffn)
+        mlp = 2 * h + 2 * h + 4.0 * model.experts + routed + shared
+    else:
+        mlp = 2 * h + 2 * h + _mlp_intermediate_bytes(model, model.ffn)
+    masks = 2.0 * h if dropout else 0.0
+    return attention + mlp + masks
+
+
+def stored_bytes_per_token(model: ModelSpec, seq_len: int, flash: bool = True) -> np.ndarray:
+    """:func:`activation_bytes_per_token` for each recompute code (index: RECOMPUTE_CODES)."""
+    return np.array([activation_bytes_per_token(model, seq_len, r, flash)
+                     for r in RECOMPUTE_CODES])
+
+
+@dataclass(frozen=True)
+class MemoryArrays:
+    """Per-GPU memory of one (sub-)stage in bytes, one entry per configuration.
+
+    Attributes
+    ----------
+    params, grads, optimizer, activations : numpy.ndarray
+        Weights (incl. ZeRO-3 prefetch buffer), gradients, optimizer states, activations.
+    host : numpy.ndarray
+        Offloaded activations in host memory (not part of ``total``).
+    """
+
+    params: np.ndarray
+    grads: np.ndarray
+    optimizer: np.ndarray
+    activations: np.ndarray
+    host: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        """Sum of the four parts."""
+        return self.params + self.grads + self.optimizer + self.activations
+
+
+def param_counts(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,
+                 head: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dense and expert parameters held per GPU before ZeRO (after tp / ep sharding).
+
+    The first sub-stage holds the embedding, the last the LM head (a copy even when tied, as
+    Megatron does; a single stage holding both keeps one tied matrix).
+    """
+    lp = LayerParams.of(model)
+    vh = float(model.vocab * model.hidden)
+    head_params = np.where(emb & model.tied_embeddings, model.hidden, vh + model.hidden)
+    dense = (layers * lp.dense + emb * vh + head * head_params) / cfg.tp
+    expert = layers * lp.expert / (cfg.tp * cfg.ep)
+    return dense, expert
+
+
+def model_state_bytes(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,
+                      head: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Weight, gradient and optimizer bytes per GPU under ZeRO (Rajbhandari et al. 2020)."""
+    dense, expert = param_counts(model, cfg, layers, emb, head)
+    q_dense = (cfg.dp * cfg.cp).astype(float)
+    q_expert = q_dense / cfg.ep
+
+    def sharded(stage: int) -> np.ndarray:
+        on = cfg.zero >= stage
+        return np.where(on, dense / q_dense, dense) + np.where(on, expert / q_expert, expert)
+
+    lp = LayerParams.of(model)
+    gathered = np.minimum(layers, ZERO3_PREFETCH_LAYERS)
+    prefetch = gathered * (lp.dense / cfg.tp + lp.expert / (cfg.tp * cfg.ep))
+    weights = WEIGHT_BYTES * (sharded(3) + np.where(cfg.zero >= 3, prefetch, 0.0))
+    return weights, GRAD_BYTES * sharded(2), OPTIMIZER_BYTES * sharded(1)
+
+
+def activation_bytes(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: np.ndarray,
+                     head: np.ndarray, in_flight: np.ndarray, resident: float,
+                     flash: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Activation bytes per GPU in HBM and in host memory (offload).
+
+    HBM: in-flight micro-batches x stored layers, plus working sets.
+
+    Per micro-batch a GPU sees ``b s / cp`` tokens, sharded ``tp`` ways (sequence parallelism).
+    Offload keeps only ``resident`` micro-batches in HBM, the rest in host memory. Full recomputation adds one layer's
+    complete activations (the layer being recomputed during backward, Korthikanti et al.). The
+    head stage adds the final-norm and head inputs (4h per token per in-flight micro-batch) and
+    one micro-batch of fp32 logits (``s b V 4 / tp``).
+    """
+    tokens = cfg.micro_batch * seq_len / cfg.cp / cfg.tp
+    per_token = stored_bytes_per_token(model, seq_len, flash)
+    held = np.where(cfg.offload, np.minimum(in_flight, resident), in_flight)
+    per_micro = per_token[cfg.recompute] * layers * tokens
+    working = np.where(cfg.recompute == 2, per_token[0] * tokens, 0.0)
+    head_bytes = head * tokens * (4.0 * model.hidden * held + LOGIT_BYTES * model.vocab)
+    return per_micro * held + working + head_bytes, per_micro * (in_flight - held)
+
+
+def substage_memory(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: np.ndarray,
+                    emb: np.ndarray, head: np.ndarray, in_flight: np.ndarray,
+                    resident: float, flash: bool = True) -> MemoryArrays:
+    """Memory per GPU of a sub-stage with ``layers`` layers holding ``in_flight`` micro-batches
+    (``flash``: FlashAttention, no stored scores)."""
+    weights, grads, optim = model_state_bytes(model, cfg, layers, emb, head)
+    acts, host = activation_bytes(model, seq_len, cfg, layers, head, in_flight, resident, flash)
+    return MemoryArrays(weights, grads, optim, acts, host)

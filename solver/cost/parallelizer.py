@@ -1,0 +1,392 @@
+"""Homogeneous parallelizer: the best ways to run one model slice on one island.
+
+The :class:`Parallelizer` protocol is the seam of the Tangram design (seed note, Sec. 3.3): it sees
+a model slice and a homogeneous island, never the rest of the cluster, and returns partial plans
+that are Pareto-optimal in (per-micro-batch latency, per-iteration time, peak memory) for each
+boundary activation layout ``(tp, cp, dp)``.
+
+:class:`AnalyticParallelizer` enumerates the whole configuration space exhaustively and evaluates
+it in one vectorized call of :func:`solver.cost.stage_costs.stage_costs`. The space: ``tp`` a power of two
+dividing heads and hidden size (across nodes too, on the network), ``cp`` a power of two with
+``2 cp | seq_len``, ``pp <= max_pp`` dividing the island, ``dp`` the rest (``tp cp pp dp`` = island
+GPUs, ``dp`` divides the micro-batch), ``ep`` dividing the experts and ``dp cp``, ZeRO 0-3,
+recomputation none/selective/full and activation offload, each as the feature preset allows.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
+from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, ModelSlice, StageConfig
+from solver.cost.stage_costs import (
+    PipelineSetting,
+    StageCosts,
+    stage_costs,
+    substage_latencies,
+)
+from solver.spec.domain import FeaturePreset, Island, ModelSpec, Recompute, Schedule
+
+__all__ = ["AnalyticParallelizer", "FeatureSet", "MemoryBreakdown", "Parallelizer", "PartialPlan",
+           "PlanContext", "StageConfig", "best_plan", "pipeline_time"]
+
+_ALL_RC = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+
+
+@dataclass(frozen=True)
+class FeatureSet:
+    """What a parallelizer may use besides TP, PP and DP.
+
+    Attributes
+    ----------
+    cp, ep, offload : bool
+        Context parallelism, expert parallelism, activation offload.
+    zero : tuple[int, ...]
+        Allowed ZeRO stages.
+    recompute : tuple[Recompute, ...]
+        Allowed recomputation strategies.
+    """
+
+    cp: bool
+    ep: bool
+    zero: tuple[int, ...]
+    recompute: tuple[Recompute, ...]
+    offload: bool
+
+    @classmethod
+    def of(cls, preset: FeaturePreset) -> "FeatureSet":
+        """Capabilities after the seed note's comparison table (TP/PP/DP always on).
+
+        ``alpa``: TP/PP/DP. ``galvatron``: + CP, ZeRO, RC. ``aceso``: + RC (per operator;
+        modelled as selective or full). ``mist``: + RC, offload, ZeRO (and gradient accumulation,
+        which every preset has through micro-batching). ``metis``: TP/PP/DP, no RC, no ZeRO.
+        ``full``: everything, including EP.
+        """
+        none = (Recompute.NONE,)
+        table = {
+            FeaturePreset.FULL: cls(True, True, (0, 1, 2, 3), _ALL_RC, True),
+            FeaturePreset.ALPA: cls(False, False, (0,), none, False),
+            FeaturePreset.GALVATRON: cls(True, False, (0, 1, 2, 3), _ALL_RC, False),
+            FeaturePreset.ACESO: cls(False, False, (0,), _ALL_RC, False),
+            FeaturePreset.MIST: cls(False, False, (0, 1, 2, 3), _ALL_RC, True),
+            FeaturePreset.METIS: cls(False, False, (0,), none, False),
+        }
+        return table[preset]
+
+    def meet(self, other: "FeatureSet") -> "FeatureSet":
+        """Features both sets allow."""
+        return FeatureSet(self.cp and other.cp, self.ep and other.ep,
+                          tuple(z for z in self.zero if z in other.zero),
+                          tuple(r for r in self.recompute if r in other.recompute),
+                          self.offload and other.offload)
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What the caller fixes for one ``plan`` call.
+
+    Attributes
+    ----------
+    seq_len : int
+        Tokens per sequence.
+    micro_batch : int
+        Sequences per micro-batch for the whole stage; each of the ``dp`` replicas gets
+        ``micro_batch / dp`` (configurations where ``dp`` does not divide it are skipped).
+    n_micro : int
+        Micro-batches per iteration.
+    in_flight : int
+        Micro-batches of activations the stage holds (its last internal sub-stage, if ``pp > 1``);
+        a single-stage island at pipeline position ``i`` of ``P`` gets ``min(P - i, n_micro)``.
+    epsilon : float
+        Memory margin: plans use at most ``(1 - epsilon)`` of HBM.
+    max_pp : int
+        Largest internal pipeline degree (the heterogeneous planner passes 1).
+    features : FeaturePreset
+        Features the job allows (intersected with the parallelizer's own).
+    schedule : Schedule
+        Pipeline schedule (for memory in flight and internal point-to-point traffic).
+    virtual_stages : int
+        Model chunks per GPU with the interleaved schedule.
+    """
+
+    seq_len: int
+    micro_batch: int
+    n_micro: int
+    in_flight: int = 1
+    epsilon: float = 0.1
+    max_pp: int = 1
+    features: FeaturePreset = FeaturePreset.FULL
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    virtual_stages: int = 1
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Per-GPU memory of the most loaded GPU, GB (10^9 bytes).
+
+    Attributes
+    ----------
+    params, grads, optimizer, activations : float
+        Weights (with ZeRO-3 prefetch buffers), gradients, optimizer states, activations.
+    """
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        """Sum of the parts."""
+        return self.params + self.grads + self.optimizer + self.activations
+
+
+@dataclass(frozen=True)
+class PartialPlan:
+    """One way to run a slice on an island.
+
+    Attributes
+    ----------
+    config : StageConfig
+        The configuration (``micro_batch`` per replica).
+    latency_s : float
+        Forward + backward seconds per micro-batch (the bottleneck sub-stage if ``pp > 1``).
+    fwd_s, bwd_s : float
+        Forward and backward parts of ``latency_s``.
+    iteration_s : float
+        Per-iteration time outside the pipeline: exposed DP gradient sync + optimizer step.
+    memory_gb : float
+        Peak memory per GPU.
+    memory : MemoryBreakdown
+        Its parts.
+    layout : tuple[int, int, int]
+        ``(tp, cp, dp)`` of the activations at the stage boundary.
+    stage_latencies : tuple[float, ...]
+        Latency of each internal sub-stage, in order (one entry when ``pp == 1``).
+    """
+
+    config: StageConfig
+    latency_s: float
+    fwd_s: float
+    bwd_s: float
+    iteration_s: float
+    memory_gb: float
+    memory: MemoryBreakdown
+    layout: tuple[int, int, int]
+    stage_latencies: tuple[float, ...]
+
+
+class Parallelizer(Protocol):
+    """A homogeneous parallelizer."""
+
+    def plan(self, slice: ModelSlice, island: Island, context: PlanContext) -> list[PartialPlan]:
+        """Pareto set of partial plans (empty when nothing fits)."""
+        ...
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    return [1 << i for i in range(limit.bit_length()) if (1 << i) <= limit]
+
+
+def _tp_options(model: ModelSpec, gpus: int) -> list[int]:
+    """TP degrees that shard heads, hidden and MLP widths evenly; KV heads split or replicate."""
+    widths = [model.hidden, model.ffn] + ([model.expert_ffn] if model.is_moe else [])
+    return [t for t in _powers_of_two(gpus)
+            if model.heads % t == 0 and all(w % t == 0 for w in widths)
+            and (model.kv_heads % t == 0 or t % model.kv_heads == 0)]
+
+
+def _layouts(slc: ModelSlice, island: Island, ctx: PlanContext, feats: FeatureSet
+             ) -> list[tuple[int, int, int, int, int]]:
+    """All consistent ``(tp, cp, pp, dp, ep)`` for the island and context."""
+    model, gpus = slc.model, island.gpus
+    cps = [c for c in _powers_of_two(gpus) if ctx.seq_len % (2 * c) == 0] if feats.cp else [1]
+    out = []
+    # A TP group never leaves a node: its per-layer collectives need NVLink (seed note, Sec. 2).
+    for tp, cp in itertools.product(_tp_options(model, min(gpus, island.gpus_per_node)), cps):
+        if gpus % (tp * cp):
+            continue
+        rest = gpus // (tp * cp)
+        for pp in range(1, min(ctx.max_pp, slc.layers, rest) + 1):
+            dp = rest // pp
+            if rest % pp or ctx.micro_batch % dp:
+                continue
+            eps = [e for e in range(1, model.experts + 1)
+                   if model.experts % e == 0 and (dp * cp) % e == 0] if feats.ep and model.is_moe else [1]
+            out.extend((tp, cp, pp, dp, ep) for ep in eps)
+    return out
+
+
+def enumerate_configs(slc: ModelSlice, island: Island, ctx: PlanContext, feats: FeatureSet
+                      ) -> ConfigArrays:
+    """Every configuration of the space, as arrays (layouts x ZeRO x recompute x offload)."""
+    base = np.array(_layouts(slc, island, ctx, feats), dtype=np.int64).reshape(-1, 5)
+    rc = np.array([RECOMPUTE_CODES.index(r) for r in feats.recompute], dtype=np.int64)
+    off = np.array([False, True] if feats.offload else [False])
+    grid = np.array(list(itertools.product(feats.zero, rc, off)), dtype=np.int64).reshape(-1, 3)
+    b = np.repeat(base, len(grid), axis=0)
+    g = np.tile(grid, (len(base), 1))
+    tp, cp, pp, dp, ep = b.T
+    keep = (g[:, 0] == 0) | (dp * cp > 1)   # ZeRO without replicas is ZeRO-0
+    return ConfigArrays(tp=tp[keep], cp=cp[keep], ep=ep[keep], pp=pp[keep], dp=dp[keep],
+                        zero=g[keep, 0], recompute=g[keep, 1], offload=g[keep, 2].astype(bool),
+                        micro_batch=ctx.micro_batch // dp[keep])
+
+
+def pareto_mask(groups: np.ndarray, objectives: np.ndarray) -> np.ndarray:
+    """Members not dominated within their group (rows of ``objectives``, smaller is better).
+
+    Ties are broken by position: of identical rows only the first survives.
+    """
+    keep = np.zeros(len(groups), dtype=bool)
+    order = np.lexsort(tuple(objectives.T[::-1]) + (groups,))
+    g_sorted = groups[order]
+    starts = np.flatnonzero(np.r_[True, g_sorted[1:] != g_sorted[:-1], True])
+    for lo, hi in zip(starts[:-1], starts[1:]):
+        idx = order[lo:hi]
+        obj = objectives[idx]
+        # Sorted lexicographically, anything dominating row i precedes it.
+        leq = np.all(obj[None, :, :] <= obj[:, None, :], axis=2)
+        dominated = np.any(np.tril(leq, k=-1), axis=1)
+        keep[idx[~dominated]] = True
+    return keep
+
+
+@dataclass(frozen=True)
+class AnalyticParallelizer:
+    """Exhaustive, vectorized search with the analytic cost model.
+
+    Attributes
+    ----------
+    features : FeaturePreset
+        The parallelizer's capabilities (intersected with the context's).
+    calibration : Calibration
+        Cost-model constants.
+    """
+
+    features: FeaturePreset = FeaturePreset.FULL
+    calibration: Calibration = DEFAULT_CALIBRATION
+
+    def plan(self, slice: ModelSlice, island: Island, context: PlanContext) -> list[PartialPlan]:
+        """Pareto set over (latency, iteration time, memory) per layout; [] when nothing fits."""
+        feats = FeatureSet.of(self.features).meet(FeatureSet.of(context.features))
+        cfg = enumerate_configs(slice, island, context, feats)
+        if len(cfg) == 0:
+            return []
+        pipe = PipelineSetting(context.n_micro, context.in_flight, context.schedule,
+                               context.virtual_stages)
+        costs = stage_costs(slice, island, context.seq_len, cfg, pipe, self.calibration)
+        idx = np.flatnonzero(costs.fits(island.hbm_gb, context.epsilon, self.calibration))
+        if idx.size == 0:
+            return []
+        groups = (cfg.tp[idx] * 1_000_003 + cfg.cp[idx]) * 1_000_003 + cfg.dp[idx]
+        obj = np.column_stack([costs.latency_s[idx], costs.iteration_s[idx],
+                               costs.memory.total[idx]])
+        chosen = idx[pareto_mask(groups, obj)]
+        chosen = chosen[np.argsort(costs.latency_s[chosen], kind="stable")]
+        subs = substage_latencies(slice, island, context.seq_len, cfg.take(chosen), pipe,
+                                  self.calibration)
+        return _plans(cfg, costs, chosen, subs)
+
+    def plan_many(self, model: ModelSpec, lengths: list[int], has_embedding: bool,
+                  has_head: bool, island: Island, context: PlanContext) -> list[list[PartialPlan]]:
+        """``plan`` for slices of every length in ``lengths`` (same position), in one call.
+
+        Equal to ``[plan(ModelSlice(model, n, ...), island, context) for n in lengths]`` (a test
+        checks it) but evaluated as one array: the per-call NumPy overhead, not arithmetic,
+        dominates a single ``plan``. Internal pipelining (``max_pp > 1``) makes the layouts depend
+        on the length, so that case falls back to one ``plan`` per length.
+        """
+        if context.max_pp > 1 or not lengths:
+            return [self.plan(ModelSlice(model, n, has_embedding, has_head), island, context)
+                    for n in lengths]
+        feats = FeatureSet.of(self.features).meet(FeatureSet.of(context.features))
+        base = enumerate_configs(ModelSlice(model, max(lengths), has_embedding, has_head),
+                                 island, context, feats)
+        m = len(base)
+        if m == 0:
+            return [[] for _ in lengths]
+        cfg = base.take(np.tile(np.arange(m), len(lengths)))
+        layers = np.repeat(np.asarray(lengths), m)
+        pipe = PipelineSetting(context.n_micro, context.in_flight, context.schedule,
+                               context.virtual_stages)
+        batch = _SliceBatch(model, layers, has_embedding, has_head)
+        costs = stage_costs(batch, island, context.seq_len, cfg, pipe, self.calibration)
+        idx = np.flatnonzero(costs.fits(island.hbm_gb, context.epsilon, self.calibration))
+        which = idx // m
+        groups = ((which * 1_000_003 + cfg.tp[idx]) * 1_000_003 + cfg.cp[idx]) * 1_000_003 \
+            + cfg.dp[idx]
+        obj = np.column_stack([costs.latency_s[idx], costs.iteration_s[idx],
+                               costs.memory.total[idx]])
+        chosen = idx[pareto_mask(groups, obj)]
+        chosen = chosen[np.lexsort((costs.latency_s[chosen], chosen // m))]
+        subs = [(x,) for x in costs.latency_s[chosen].tolist()]
+        plans = _plans(cfg, costs, chosen, subs)
+        out: list[list[PartialPlan]] = [[] for _ in lengths]
+        for i, plan in zip((chosen // m).tolist(), plans):
+            out[i].append(plan)
+        return out
+
+
+@dataclass(frozen=True)
+class _SliceBatch:
+    """Slices of several lengths at one position: ``layers`` is an array aligned with the
+    configurations (the cost model only uses ``model``, ``layers`` and the two flags)."""
+
+    model: ModelSpec
+    layers: np.ndarray
+    has_embedding: bool
+    has_head: bool
+
+
+def _column(values, index: np.ndarray, n: int) -> list:
+    """``values`` (array or scalar) broadcast to ``n`` and picked at ``index``, as Python values."""
+    return np.broadcast_to(values, (n,))[index].tolist()
+
+
+def _plans(cfg: ConfigArrays, costs: StageCosts, index: np.ndarray,
+           subs: list[tuple[float, ...]]) -> list[PartialPlan]:
+    """PartialPlans of the configurations at ``index``; columns are extracted once (a plan call
+    returns about a hundred Pareto points, and per-element NumPy access dominated its time)."""
+    n = len(cfg)
+    cols = {f: _column(getattr(cfg, f), index, n)
+            for f in ("tp", "cp", "ep", "pp", "dp", "zero", "recompute", "offload", "micro_batch")}
+    mem = costs.memory
+    gb = {f: [x / 1e9 for x in _column(getattr(mem, f), index, n)]
+          for f in ("params", "grads", "optimizer", "activations")}
+    total = [x / 1e9 for x in _column(mem.total, index, n)]
+    lat, fwd, bwd, it = (_column(a, index, n) for a in (
+        costs.latency_s, costs.fwd.total, costs.bwd.total, costs.iteration_s))
+    out = []
+    for k in range(len(index)):
+        config = StageConfig(cols["tp"][k], cols["cp"][k], cols["ep"][k], cols["pp"][k],
+                             cols["dp"][k], cols["zero"][k], RECOMPUTE_CODES[cols["recompute"][k]],
+                             bool(cols["offload"][k]), cols["micro_batch"][k])
+        breakdown = MemoryBreakdown(gb["params"][k], gb["grads"][k], gb["optimizer"][k],
+                                    gb["activations"][k])
+        out.append(PartialPlan(config, lat[k], fwd[k], bwd[k], it[k], total[k], breakdown,
+                               (config.tp, config.cp, config.dp), subs[k]))
+    return out
+
+
+def pipeline_time(plan: PartialPlan, n_micro: int, schedule: Schedule = Schedule.ONE_F_ONE_B,
+                  virtual_stages: int = 1) -> float:
+    """Iteration time of the plan run alone: ``(m + p - 1) t`` (interleaved: ``(p - 1) / v``
+    fill/drain) plus its per-iteration terms."""
+    fill = plan.config.pp - 1
+    if schedule is Schedule.INTERLEAVED:
+        fill = fill / virtual_stages
+    return (n_micro + fill) * plan.latency_s + plan.iteration_s
+
+
+def best_plan(plans: list[PartialPlan], n_micro: int, schedule: Schedule = Schedule.ONE_F_ONE_B,
+              virtual_stages: int = 1) -> PartialPlan | None:
+    """The plan with the shortest :func:`pipeline_time` (ties: less memory); None if empty."""
+    if not plans:
+        return None
+    return min(plans, key=lambda p: (pipeline_time(p, n_micro, schedule, virtual_stages),
+                                     p.memory_gb))

@@ -1,0 +1,155 @@
+"""What the cost model evaluates: a model slice and stage configurations (scalar and vectorized).
+
+A :class:`ModelSlice` is a contiguous run of Transformer layers, plus the embedding and/or LM head
+when the slice is at the start/end of the model. A :class:`StageConfig` is one way to run a slice on
+an island (parallel degrees, ZeRO stage, recomputation, offload, micro-batch). :class:`ConfigArrays`
+holds many configurations as parallel NumPy arrays so the cost model evaluates them all at once.
+
+Rank layout (Megatron-LM convention, innermost first): tensor parallel (``tp``), then context
+parallel (``cp``), then data parallel (``dp``), then pipeline (``pp``). Expert parallelism (``ep``)
+partitions the ``dp * cp`` ranks of one TP column: ``ep`` must divide ``dp * cp``, and the experts'
+own data-parallel group has ``dp * cp / ep`` members (Megatron-core's expert-data-parallel group,
+with expert tensor parallelism equal to ``tp``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from solver.spec.domain import ModelSpec, Recompute
+
+#: Integer codes of :class:`Recompute` inside :class:`ConfigArrays` (0 none, 1 selective, 2 full).
+RECOMPUTE_CODES: tuple[Recompute, ...] = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+
+
+@dataclass(frozen=True)
+class ModelSlice:
+    """Layers ``layers`` of ``model`` run as one pipeline stage.
+
+    Attributes
+    ----------
+    model : ModelSpec
+        The whole model (shapes).
+    layers : int
+        Transformer layers in the slice (>= 1).
+    has_embedding : bool
+        The slice starts the model and holds the input embedding.
+    has_head : bool
+        The slice ends the model and holds the final norm, LM head and loss.
+    """
+
+    model: ModelSpec
+    layers: int
+    has_embedding: bool = False
+    has_head: bool = False
+
+    def __post_init__(self) -> None:
+        if self.layers < 1:
+            raise ValueError(f"a slice needs at least one layer, got {self.layers}")
+
+    @classmethod
+    def whole(cls, model: ModelSpec) -> "ModelSlice":
+        """The whole model as one slice (embedding and head included)."""
+        return cls(model, model.layers, True, True)
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """One parallel configuration of a stage on a homogeneous island.
+
+    Attributes
+    ----------
+    tp : int
+        Tensor-parallel degree (with sequence parallelism).
+    cp : int
+        Context-parallel degree (sequence split, ring exchange of K/V).
+    ep : int
+        Expert-parallel degree (MoE only; divides the experts and ``dp * cp``).
+    pp : int
+        Pipeline sub-stages inside the island (1F1B between them).
+    dp : int
+        Data-parallel degree; ``tp * cp * pp * dp`` is the island's GPU count.
+    zero : int
+        ZeRO stage 0-3 over the ``dp * cp`` data-parallel ranks.
+    recompute : Recompute
+        Activation recomputation.
+    offload : bool
+        In-flight activations are kept in host memory (over PCIe) instead of HBM.
+    micro_batch : int
+        Sequences per micro-batch per data-parallel replica.
+    """
+
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    pp: int = 1
+    dp: int = 1
+    zero: int = 0
+    recompute: Recompute = Recompute.NONE
+    offload: bool = False
+    micro_batch: int = 1
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the configuration occupies."""
+        return self.tp * self.cp * self.pp * self.dp
+
+
+@dataclass(frozen=True)
+class ConfigArrays:
+    """Many :class:`StageConfig` as parallel arrays (same length, broadcastable).
+
+    Attributes
+    ----------
+    tp, cp, ep, pp, dp, zero, micro_batch : numpy.ndarray
+        Integer arrays, as in :class:`StageConfig`.
+    recompute : numpy.ndarray
+        Integer codes, index into :data:`RECOMPUTE_CODES`.
+    offload : numpy.ndarray
+        Boolean array.
+    """
+
+    tp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    zero: np.ndarray
+    recompute: np.ndarray
+    offload: np.ndarray
+    micro_batch: np.ndarray
+
+    @classmethod
+    def of(cls, configs: list[StageConfig] | tuple[StageConfig, ...]) -> "ConfigArrays":
+        """Arrays holding ``configs`` in order."""
+        cols = {f.name: [getattr(c, f.name) for c in configs] for f in fields(StageConfig)}
+        cols["recompute"] = [RECOMPUTE_CODES.index(r) for r in cols["recompute"]]
+        arrays = {k: np.asarray(v, dtype=bool if k == "offload" else np.int64)
+                  for k, v in cols.items()}
+        return cls(**arrays)
+
+    def __len__(self) -> int:
+        return int(np.broadcast(*(getattr(self, f.name) for f in fields(self))).size)
+
+    def config(self, i: int) -> StageConfig:
+        """The ``i``-th configuration."""
+        return self.configs([i])[0]
+
+    def configs(self, index: list[int] | np.ndarray) -> list[StageConfig]:
+        """The configurations at ``index``, in order."""
+        n = len(self)
+        cols = {f.name: np.broadcast_to(getattr(self, f.name), (n,))[np.asarray(index, dtype=int)]
+                .tolist() for f in fields(self)}
+        return [StageConfig(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, zero=z, recompute=RECOMPUTE_CODES[r],
+                            offload=bool(o), micro_batch=b)
+                for tp, cp, ep, pp, dp, z, r, o, b in zip(
+                    cols["tp"], cols["cp"], cols["ep"], cols["pp"], cols["dp"], cols["zero"],
+                    cols["recompute"], cols["offload"], cols["micro_batch"])]
+
+    def take(self, index: np.ndarray) -> "ConfigArrays":
+        """The configurations at ``index`` (integer or boolean array)."""
+        n = len(self)
+        return ConfigArrays(**{f.name: np.broadcast_to(getattr(self, f.name), (n,))[index]
+                               for f in fields(self)})

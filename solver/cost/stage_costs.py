@@ -1,0 +1,339 @@
+"""Cost model of one pipeline stage on a homogeneous island, vectorized over configurations.
+
+:func:`stage_costs` returns, for every configuration of a :class:`~solver.cost.stage.ConfigArrays`,
+the per-micro-batch forward and backward time of the stage, its per-iteration terms (exposed
+data-parallel gradient synchronisation, optimizer step) and its peak per-GPU memory.
+
+A stage with ``pp > 1`` runs as a 1F1B pipeline of ``pp`` sub-stages inside the island (Narayanan
+et al., SC'21): layers are split as evenly as possible, extra layers going to middle sub-stages
+first, then to the first (the embedding is cheap, the LM head is not). The stage's latency is its
+bottleneck sub-stage's; its memory is the most loaded sub-stage's. Sub-stage ``j`` holds
+``min(in_flight + pp - 1 - j, n_micro)`` micro-batches of activations (``in_flight`` is what the
+last sub-stage holds); GPipe holds all ``n_micro``; the interleaved schedule grows the first
+sub-stage's share by ``1 + (pp - 1) / (pp v)``.
+
+Per iteration (Rajbhandari et al. 2020; the Scaling Book, seeds/004): without ZeRO the fp32
+gradients are all-reduced over the ``dp * cp`` replicas; with ZeRO-1/2 they are reduce-scattered and
+the bf16 weights all-gathered after the step; ZeRO-3 already did both every micro-batch. The sync
+hides behind ``Calibration.dp_overlap`` of the last micro-batch's backward pass (gradient buckets
+are reduced as they become final). The Adam step is memory-bound: ``optimizer_bytes`` per locally
+updated parameter through HBM. Offload copies overlap with the compute of the same pass (separate
+copy engines); only the excess is exposed. ZeRO-3 gathers are prefetched likewise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from solver.cost.efficiency import (
+    DEFAULT_CALIBRATION,
+    AttentionKernel,
+    Calibration,
+    Links,
+    machine_balance,
+    ring_time,
+)
+from solver.cost.memory import (
+    GRAD_BYTES,
+    WEIGHT_BYTES,
+    MemoryArrays,
+    param_counts,
+    stored_bytes_per_token,
+    substage_memory,
+)
+from solver.cost.stage import ConfigArrays, ModelSlice
+from solver.cost.timing import (
+    Components,
+    TimeInputs,
+    embedding_times,
+    head_times,
+    layer_times,
+    p2p_time,
+    tokens_per_gpu,
+)
+from solver.spec.domain import Island, ModelSpec, Schedule
+
+
+@dataclass(frozen=True)
+class PipelineSetting:
+    """How the stage sits in the pipeline.
+
+    Attributes
+    ----------
+    n_micro : int | numpy.ndarray
+        Micro-batches per iteration.
+    in_flight : int | numpy.ndarray
+        Micro-batches of activations the stage's last sub-stage holds (1F1B: stages after + 1).
+    schedule : Schedule
+        Pipeline schedule.
+    virtual_stages : int
+        Model chunks per sub-stage for the interleaved schedule (1 otherwise).
+    """
+
+    n_micro: int | np.ndarray = 1
+    in_flight: int | np.ndarray = 1
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    virtual_stages: int = 1
+
+
+@dataclass(frozen=True)
+class SubStageCosts:
+    """Costs of one sub-stage (arrays over configurations).
+
+    Attributes
+    ----------
+    fwd, bwd : Components
+        Per-micro-batch forward and backward seconds by cause.
+    memory : MemoryArrays
+        Per-GPU memory (bytes).
+    dp_s, optimizer_s : numpy.ndarray
+        Per-iteration exposed gradient synchronisation and optimizer step (s).
+    """
+
+    fwd: Components
+    bwd: Components
+    memory: MemoryArrays
+    dp_s: np.ndarray
+    optimizer_s: np.ndarray
+
+    @property
+    def latency(self) -> np.ndarray:
+        """Forward plus backward seconds per micro-batch."""
+        return self.fwd.total + self.bwd.total
+
+    def where(self, mask: np.ndarray, other: "SubStageCosts") -> "SubStageCosts":
+        """``self`` where ``mask`` else ``other``."""
+        mem = MemoryArrays(**{f.name: np.where(mask, getattr(self.memory, f.name),
+                                               getattr(other.memory, f.name))
+                              for f in fields(MemoryArrays)})
+        return SubStageCosts(self.fwd.where(mask, other.fwd), self.bwd.where(mask, other.bwd), mem,
+                             np.where(mask, self.dp_s, other.dp_s),
+                             np.where(mask, self.optimizer_s, other.optimizer_s))
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """What :func:`stage_costs` returns (arrays over configurations).
+
+    Attributes
+    ----------
+    fwd, bwd : Components
+        Per-micro-batch forward / backward seconds of the bottleneck sub-stage, by cause.
+    latency_s : numpy.ndarray
+        Bottleneck sub-stage forward + backward seconds per micro-batch.
+    dp_s, optimizer_s : numpy.ndarray
+        Exposed gradient synchronisation and optimizer seconds per iteration (slowest sub-stage).
+    memory : MemoryArrays
+        Per-GPU bytes of the most loaded sub-stage.
+    host_bytes : numpy.ndarray
+        Offloaded activation bytes per GPU in host memory (largest over sub-stages).
+    """
+
+    fwd: Components
+    bwd: Components
+    latency_s: np.ndarray
+    dp_s: np.ndarray
+    optimizer_s: np.ndarray
+    memory: MemoryArrays
+    host_bytes: np.ndarray
+
+    @property
+    def iteration_s(self) -> np.ndarray:
+        """Per-iteration seconds outside the pipeline: exposed DP sync plus optimizer step."""
+        return self.dp_s + self.optimizer_s
+
+    def fits(self, hbm_gb: float, epsilon: float, calib: Calibration) -> np.ndarray:
+        """HBM use within ``(1 - epsilon) hbm_gb`` and offloaded activations within the host
+        budget ``calib.host_offload_gb``."""
+        return ((self.memory.total <= (1.0 - epsilon) * hbm_gb * 1e9)
+                & (self.host_bytes <= calib.host_offload_gb * 1e9))
+
+
+def _time_inputs(model: ModelSpec, island: Island, seq_len: int, calib: Calibration) -> TimeInputs:
+    return TimeInputs(model, seq_len, island.tflops_per_gpu * 1e12, machine_balance(island),
+                      Links.of(island, calib), calib)
+
+
+def _zero3_and_sync(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,
+                    head: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """ZeRO-3 per-micro-batch gather (fwd) and gather + reduce-scatter (bwd), the per-iteration
+    gradient sync (before overlap) and the optimizer step, for a sub-stage."""
+    dense, expert = param_counts(ti.model, cfg, layers, emb, head)
+    q_dense = cfg.dp * cfg.cp
+    q_expert = q_dense // cfg.ep
+    bw, lat = ti.links.select(cfg.tp * cfg.cp * cfg.dp)
+
+    def coll(bytes_per_param: float, factor: float = 1.0) -> np.ndarray:
+        return (ring_time(bytes_per_param * dense, q_dense, bw, lat, factor)
+                + ring_time(bytes_per_param * expert, q_expert, bw, lat, factor))
+
+    z3 = cfg.zero >= 3
+    gather = np.where(z3, coll(WEIGHT_BYTES), 0.0)
+    scatter = np.where(z3, coll(GRAD_BYTES), 0.0)
+    sync = np.where(cfg.zero == 0, coll(GRAD_BYTES, 2.0),
+                    np.where(z3, 0.0, coll(GRAD_BYTES) + coll(WEIGHT_BYTES)))
+    local = np.where(cfg.zero >= 1, dense / q_dense + expert / q_expert, dense + expert)
+    optimizer = ti.calib.optimizer_bytes * local / ti.links.hbm_bw
+    return gather, gather + scatter, sync, optimizer
+
+
+def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,
+                   head: np.ndarray, in_flight: np.ndarray, p2p_factor: float) -> SubStageCosts:
+    """Costs of a sub-stage with ``layers`` layers (plus embedding/head flags), all broadcast."""
+    lf, lb = layer_times(ti, cfg)
+    ef, eb = embedding_times(ti, cfg)
+    hf, hb = head_times(ti, cfg)
+    fwd = lf.scaled(layers).plus(ef.scaled(emb)).plus(hf.scaled(head))
+    bwd = lb.scaled(layers).plus(eb.scaled(emb)).plus(hb.scaled(head))
+    p2p = p2p_time(ti, cfg) * p2p_factor
+    z_fwd, z_bwd, sync, optimizer = _zero3_and_sync(ti, cfg, layers, emb, head)
+    flash = ti.calib.attention is AttentionKernel.FLASH
+    stored = (stored_bytes_per_token(ti.model, ti.seq_len, flash)[cfg.recompute] * layers
+              * tokens_per_gpu(cfg, ti.seq_len) / cfg.tp)
+    copy = np.where(cfg.offload, stored / ti.links.pcie_bw, 0.0)
+    bwd_work = bwd.compute + bwd.recompute
+    fwd = Components(fwd.compute, fwd.recompute, fwd.tp, fwd.cp, fwd.ep,
+                     np.maximum(z_fwd - fwd.compute, 0.0), np.maximum(copy - fwd.compute, 0.0), p2p)
+    bwd = Components(bwd.compute, bwd.recompute, bwd.tp, bwd.cp, bwd.ep,
+                     np.maximum(z_bwd - bwd_work, 0.0), np.maximum(copy - bwd_work, 0.0), p2p)
+    dp_s = np.maximum(sync - ti.calib.dp_overlap * bwd.total, 0.0)
+    memory = substage_memory(ti.model, ti.seq_len, cfg, layers, emb, head, in_flight,
+                             ti.calib.offload_resident, flash)
+    return SubStageCosts(fwd, bwd, memory, dp_s, optimizer)
+
+
+def substage_layers(layers: int, pp: int) -> np.ndarray:
+    """Layers of each of the ``pp`` sub-stages: as even as possible, extra layers going to the
+    middle sub-stages first, then to the first; the last (LM head) never gets one."""
+    base, rem = divmod(layers, pp)
+    out = np.full(pp, base)
+    middle_extra = min(rem, max(pp - 2, 0))
+    out[1:1 + middle_extra] += 1
+    out[0] += rem - middle_extra
+    return out
+
+
+def split_layers(layers: int, pp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Layers of the first, second and last sub-stage (vectorized :func:`substage_layers`).
+
+    With ``pp == 1`` all three are ``layers``; the second sub-stage holds the most layers among
+    the middle ones and the most activations, so it represents them all.
+    """
+    pp = np.asarray(pp)
+    base, rem = np.divmod(layers, pp)
+    middle_extra = np.minimum(rem, np.maximum(pp - 2, 0))
+    first = base + (rem - middle_extra)
+    second = np.where(pp >= 3, base + (middle_extra > 0), first)
+    return np.where(pp == 1, layers, first), second, np.where(pp == 1, layers, base)
+
+
+def in_flight_of(pipe: PipelineSetting, pp: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """Micro-batches of activations sub-stage ``j`` of ``pp`` holds (see the module docstring)."""
+    if pipe.schedule is Schedule.GPIPE:
+        return np.broadcast_to(np.asarray(pipe.n_micro, dtype=float), np.shape(pp)).copy()
+    held = np.minimum(pipe.in_flight + pp - 1 - j, pipe.n_micro).astype(float)
+    if pipe.schedule is Schedule.INTERLEAVED and pipe.virtual_stages > 1:
+        grow = 1.0 + (pp - 1) / (pp * pipe.virtual_stages)
+        held = np.where(j == 0, held * grow, held)
+    return held
+
+
+def _p2p_factor(pipe: PipelineSetting) -> float:
+    """Interleaving sends every micro-batch across ``v`` times as many boundaries."""
+    return float(pipe.virtual_stages) if pipe.schedule is Schedule.INTERLEAVED else 1.0
+
+
+def stage_costs(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays,
+                pipe: PipelineSetting = PipelineSetting(),
+                calib: Calibration = DEFAULT_CALIBRATION) -> StageCosts:
+    """Per-micro-batch time, per-iteration terms and peak memory of every configuration.
+
+    Parameters
+    ----------
+    slc : ModelSlice
+        The layers (and embedding/head) the stage runs.
+    island : Island
+        The GPUs (effective, weakest-member values).
+    seq_len : int
+        Tokens per sequence.
+    cfg : ConfigArrays
+        Configurations; ``tp * cp * pp * dp`` need not equal the island size here (callers check).
+    pipe : PipelineSetting
+        Micro-batches, activations in flight and schedule.
+    calib : Calibration
+        Efficiency constants.
+    """
+    ti = _time_inputs(slc.model, island, seq_len, calib)
+    pp = np.asarray(cfg.pp)
+    first, second, last = split_layers(slc.layers, pp)
+    only = pp == 1
+    factor = _p2p_factor(pipe)
+    s0 = substage_costs(ti, cfg, first, np.asarray(slc.has_embedding),
+                        slc.has_head & only, in_flight_of(pipe, pp, np.zeros_like(pp)), factor)
+    s1 = substage_costs(ti, cfg, second, np.asarray(False), np.asarray(False),
+                        in_flight_of(pipe, pp, np.ones_like(pp)), factor)
+    s2 = substage_costs(ti, cfg, last, np.asarray(False), np.asarray(slc.has_head),
+                        in_flight_of(pipe, pp, pp - 1), factor)
+    reps = [(s0, np.ones_like(only)), (s1, pp >= 3), (s2, pp >= 2)]
+    return _combine(reps)
+
+
+def _pick(reps: list[tuple[SubStageCosts, np.ndarray]], key) -> SubStageCosts:
+    """The representative with the largest ``key`` among the valid ones, per configuration."""
+    best, best_val = reps[0][0], key(reps[0][0])
+    for rep, valid in reps[1:]:
+        val = np.where(valid, key(rep), -np.inf)
+        better = val > best_val
+        best, best_val = rep.where(better, best), np.where(better, val, best_val)
+    return best
+
+
+def _combine(reps: list[tuple[SubStageCosts, np.ndarray]]) -> StageCosts:
+    slow = _pick(reps, lambda r: r.latency)
+    heavy = _pick(reps, lambda r: r.memory.total)
+    sync = _pick(reps, lambda r: r.dp_s + r.optimizer_s)
+    host = _pick(reps, lambda r: r.memory.host).memory.host
+    return StageCosts(slow.fwd, slow.bwd, slow.latency, sync.dp_s, sync.optimizer_s, heavy.memory,
+                      host)
+
+
+def substage_latencies(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays,
+                       pipe: PipelineSetting = PipelineSetting(),
+                       calib: Calibration = DEFAULT_CALIBRATION) -> list[tuple[float, ...]]:
+    """Per-micro-batch latency of every internal sub-stage, in order, for each configuration.
+
+    All (configuration, sub-stage) pairs are evaluated in one vectorized call.
+    """
+    n = len(cfg)
+    pps = np.broadcast_to(cfg.pp, (n,))
+    owner = np.repeat(np.arange(n), pps)
+    j = np.concatenate([np.arange(p) for p in pps])
+    layers = np.concatenate([substage_layers(slc.layers, int(p)) for p in pps])
+    pp = pps[owner]
+    emb = (j == 0) & slc.has_embedding
+    head = (j == pp - 1) & slc.has_head
+    per_pair = dataclasses.replace(
+        pipe, n_micro=np.broadcast_to(pipe.n_micro, (n,))[owner],
+        in_flight=np.broadcast_to(pipe.in_flight, (n,))[owner])
+    ti = _time_inputs(slc.model, island, seq_len, calib)
+    sub = substage_costs(ti, cfg.take(owner), layers, emb, head, in_flight_of(per_pair, pp, j),
+                         _p2p_factor(pipe))
+    lat = np.broadcast_to(sub.latency, owner.shape)
+    bounds = np.concatenate([[0], np.cumsum(pps)])
+    return [tuple(float(x) for x in lat[bounds[i]:bounds[i + 1]]) for i in range(n)]
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Model FLOPs per trained token without recomputation: 3 x (forward GEMMs + attention).
+
+    Forward: ``2 x`` active matmul weights of every layer and the LM head, plus ``4 s a d_head``
+    per layer for the attention core (Narayanan et al. SC'21 count; equals
+    ``72 B s l h^2 (1 + s/6h + V/12lh)`` per iteration for GPT).
+    """
+    per_layer = model.active_params_per_layer - model.norm_params
+    attention = 4.0 * seq_len * model.heads * model.d_head
+    forward = model.layers * (2.0 * per_layer + attention) + 2.0 * model.vocab * model.hidden
+    return 3.0 * forward

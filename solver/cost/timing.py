@@ -1,0 +1,243 @@
+"""Per-micro-batch time of one Transformer layer, the embedding and the LM head, vectorized.
+
+Compute (Narayanan et al., SC'21, Sec. 5.1 FLOP count): per token and layer the forward pass does
+``2 x`` (active matmul weights) FLOPs in GEMMs plus ``4 s a d_head`` in the attention core (the full
+square, Megatron's count); the backward pass twice the forward. GEMMs run at the size-dependent
+efficiency of :func:`solver.cost.efficiency.gemm_efficiency`; the attention core executes the full
+square at ``unfused_attention_eff`` (unfused kernels) or half of it, the causal triangle, at
+``flash_attention_eff`` (FlashAttention); memory-bound operators move ``elementwise_bytes`` per
+hidden element per token through HBM (twice in backward).
+
+Communication (the Scaling Book chapter, seeds/004; Korthikanti et al. 2022 for sequence
+parallelism): per layer and pass (forward, and again backward), TP with SP does 2 all-gathers +
+2 reduce-scatters of the
+``n h 2``-byte activation (``n = b s / cp`` tokens per GPU); CP passes K/V around a ring
+(``cp - 1`` chunks per pass, overlapped with the attention core, twice in backward for dK/dV);
+EP dispatches and combines ``n k h 2 / tp`` bytes per GPU with two all-to-alls per pass. Full
+recomputation repeats the forward (compute and its collectives) inside the backward pass;
+selective recomputation repeats the attention core (and the CP ring).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from solver.cost.efficiency import (
+    AttentionKernel,
+    Calibration,
+    Links,
+    gemm_time,
+    ring_time,
+)
+from solver.cost.stage import ConfigArrays
+from solver.spec.domain import ModelSpec
+
+LOGIT_PASS_BYTES = 12.0   # HBM bytes per logit per pass of the fp32 cross entropy (read, write)
+MOE_PERMUTE_BYTES = 8.0   # bytes per hidden element per routed copy: permute + unpermute r/w
+
+
+@dataclass(frozen=True)
+class Components:
+    """Seconds of one pass (forward or backward) of one micro-batch, by cause (arrays).
+
+    Attributes
+    ----------
+    compute : numpy.ndarray
+        GEMMs, attention core and memory-bound operators of the pass itself.
+    recompute : numpy.ndarray
+        Recomputed forward work run inside the backward pass.
+    tp, cp, ep : numpy.ndarray
+        Exposed tensor-, context- and expert-parallel communication.
+    zero : numpy.ndarray
+        Exposed ZeRO-3 parameter all-gathers and gradient reduce-scatters.
+    offload : numpy.ndarray
+        Exposed activation copies to/from host memory.
+    p2p : numpy.ndarray
+        Point-to-point transfers between internal pipeline sub-stages.
+    """
+
+    compute: np.ndarray | float = 0.0
+    recompute: np.ndarray | float = 0.0
+    tp: np.ndarray | float = 0.0
+    cp: np.ndarray | float = 0.0
+    ep: np.ndarray | float = 0.0
+    zero: np.ndarray | float = 0.0
+    offload: np.ndarray | float = 0.0
+    p2p: np.ndarray | float = 0.0
+
+    @property
+    def total(self) -> np.ndarray:
+        """Sum of all components."""
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def scaled(self, k: np.ndarray | float) -> "Components":
+        """Every component times ``k``."""
+        return Components(**{f.name: getattr(self, f.name) * k for f in fields(self)})
+
+    def plus(self, other: "Components") -> "Components":
+        """Component-wise sum."""
+        return Components(**{f.name: getattr(self, f.name) + getattr(other, f.name)
+                             for f in fields(self)})
+
+    def where(self, mask: np.ndarray, other: "Components") -> "Components":
+        """``self`` where ``mask`` else ``other``, component-wise."""
+        return Components(**{f.name: np.where(mask, getattr(self, f.name), getattr(other, f.name))
+                             for f in fields(self)})
+
+
+@dataclass(frozen=True)
+class TimeInputs:
+    """What the timing functions need besides the configuration.
+
+    Attributes
+    ----------
+    model : ModelSpec
+        Model shapes.
+    seq_len : int
+        Tokens per sequence.
+    peak_flops : float
+        Peak dense bf16 FLOP/s of one GPU.
+    balance : float
+        Machine balance, peak FLOP/s over HBM bytes/s (scales the GEMM efficiency curve).
+    links : Links
+        The island's bandwidths.
+    calib : Calibration
+        Efficiency constants.
+    """
+
+    model: ModelSpec
+    seq_len: int
+    peak_flops: float
+    balance: float
+    links: Links
+    calib: Calibration
+
+
+def tokens_per_gpu(cfg: ConfigArrays, seq_len: int) -> np.ndarray:
+    """Tokens of one micro-batch a GPU works on: ``b s / cp`` (all of them after SP gathers)."""
+    return cfg.micro_batch * seq_len / cfg.cp
+
+
+def _layer_gemm_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray) -> np.ndarray:
+    """Forward GEMM seconds of one layer (QKV, O, MLP or router + experts + shared experts)."""
+    m, tp = ti.model, cfg.tp
+    h, dh = m.hidden, m.d_head
+    up = 2 if m.gated_mlp else 1
+
+    def g(flops: np.ndarray, rows, cols, inner) -> np.ndarray:
+        return gemm_time(flops, rows, cols, inner, ti.peak_flops, ti.calib, ti.balance)
+
+    q_dim, kv_dim = m.heads * dh, m.kv_heads * dh
+    t = g(2 * n * h * (q_dim + 2 * kv_dim) / tp, n, (q_dim + 2 * kv_dim) / tp, h)
+    t = t + g(2 * n * q_dim * h / tp, n, h, q_dim / tp)
+
+    def mlp(tokens: np.ndarray, width: float, copies: np.ndarray | float) -> np.ndarray:
+        flops = 2 * tokens * copies * h * width * (up + 1) / tp
+        split = up / (up + 1)
+        return (g(flops * split, tokens, up * width / tp, h)
+                + g(flops * (1 - split), tokens, h, width / tp))
+
+    if not m.is_moe:
+        return t + mlp(n, m.ffn, 1.0)
+    t = t + g(2 * n * h * m.experts / tp, n / tp, m.experts, h)
+    per_expert = n * m.top_k * cfg.ep / m.experts
+    t = t + mlp(per_expert, m.expert_ffn, m.experts / cfg.ep)
+    if m.shared_experts:
+        t = t + mlp(n, m.shared_experts * m.expert_ffn, 1.0)
+    return t
+
+
+def _layer_compute_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Forward compute seconds of one layer, and the attention-core part of it."""
+    m, c = ti.model, ti.calib
+    full_square = 4 * n * ti.seq_len * m.heads * m.d_head / cfg.tp
+    if c.attention is AttentionKernel.FLASH:
+        attn = 0.5 * full_square / (ti.peak_flops * c.flash_attention_eff)
+    else:
+        attn = full_square / (ti.peak_flops * c.unfused_attention_eff)
+    elem_bytes = ti.calib.elementwise_bytes * m.hidden
+    if m.is_moe:
+        elem_bytes += MOE_PERMUTE_BYTES * m.top_k * m.hidden
+    elem = elem_bytes * n / cfg.tp / ti.links.hbm_bw
+    return _layer_gemm_fwd(ti, cfg, n) + attn + elem, attn
+
+
+def _layer_comm(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One layer's forward TP, CP (before overlap) and EP communication seconds."""
+    m, links = ti.model, ti.links
+    bw, lat = links.select(cfg.tp)
+    tp = 4 * ring_time(n * m.hidden * 2.0, cfg.tp, bw, lat) * (1 - ti.calib.tp_overlap)
+    kv_rank = np.maximum(m.kv_heads / cfg.tp, 1.0) * m.d_head
+    bw, lat = links.select(cfg.tp * cfg.cp)
+    cp = ring_time(cfg.cp * 2 * n * kv_rank * 2.0, cfg.cp, bw, lat)
+    ep = np.zeros_like(tp)
+    if m.is_moe:
+        bw, lat = links.select(cfg.tp * cfg.ep)
+        ep = 2 * ring_time(n * m.top_k * m.hidden * 2.0 / cfg.tp, cfg.ep, bw, lat)
+    return tp, cp, ep
+
+
+def layer_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Components]:
+    """Forward and backward :class:`Components` of one layer for one micro-batch.
+
+    The backward pass costs twice the forward's compute. Its exposed TP and EP traffic equals the
+    forward's (the conjugate collectives: reduce-scatter of input gradients, all-gather of output
+    gradients, the reverse all-to-alls); the extra all-gather of the sequence-sharded input for
+    the weight gradients overlaps with the data-gradient GEMM (Korthikanti et al. 2022, Sec. 4.2.2).
+    The CP ring runs twice (K/V out, dK/dV back). Full recomputation (code 2) adds a forward's
+    compute and collectives to it; selective
+    recomputation (code 1) adds the attention core and its CP ring. CP communication is hidden
+    behind the attention core of the same pass (ring attention); only the excess is exposed.
+    """
+    n = tokens_per_gpu(cfg, ti.seq_len)
+    comp, attn = _layer_compute_fwd(ti, cfg, n)
+    tp, cp, ep = _layer_comm(ti, cfg, n)
+    full = cfg.recompute == 2
+    rc_core = np.where(full, comp, np.where(cfg.recompute == 1, attn, 0.0))
+    cp_exposed = np.maximum(cp - attn, 0.0)
+    fwd = Components(compute=comp, tp=tp, cp=cp_exposed, ep=ep)
+    rc_comm = np.where(full, 1.0, 0.0)
+    bwd = Components(
+        compute=2 * comp, recompute=rc_core,
+        tp=tp * (1 + rc_comm), ep=ep * (1 + rc_comm),
+        cp=cp_exposed * (2 + np.where(cfg.recompute > 0, 1.0, 0.0)),
+    )
+    return fwd, bwd
+
+
+def embedding_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Components]:
+    """Input embedding: a vocab-parallel lookup whose partial sums are reduce-scattered (fwd) and
+    whose gradient is all-gathered (bwd); the lookup itself is negligible."""
+    n = tokens_per_gpu(cfg, ti.seq_len)
+    bw, lat = ti.links.select(cfg.tp)
+    one = ring_time(n * ti.model.hidden * 2.0, cfg.tp, bw, lat) * (1 - ti.calib.tp_overlap)
+    return Components(tp=one), Components(tp=one)
+
+
+def head_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Components]:
+    """LM head and loss: logits GEMM ``(n, V/tp, h)``, fp32 cross entropy over ``n V / tp``
+    logits, an all-gather of the final hidden states (fwd) and a reduce-scatter (bwd)."""
+    m = ti.model
+    n = tokens_per_gpu(cfg, ti.seq_len)
+    gemm = gemm_time(2 * n * m.hidden * m.vocab / cfg.tp, n, m.vocab / cfg.tp, m.hidden,
+                     ti.peak_flops, ti.calib, ti.balance)
+    loss = LOGIT_PASS_BYTES * n * m.vocab / cfg.tp / ti.links.hbm_bw
+    bw, lat = ti.links.select(cfg.tp)
+    one = ring_time(n * m.hidden * 2.0, cfg.tp, bw, lat) * (1 - ti.calib.tp_overlap)
+    return (Components(compute=gemm + loss, tp=one),
+            Components(compute=2 * gemm + loss, tp=one))
+
+
+def p2p_time(ti: TimeInputs, cfg: ConfigArrays) -> np.ndarray:
+    """One boundary transfer between internal sub-stages, one direction, one micro-batch.
+
+    Each TP rank sends its ``1/tp`` share of the ``n h 2``-byte activation (Megatron's
+    scatter/gather optimisation); neighbours share a node only if two sub-stages fit in one.
+    """
+    n = tokens_per_gpu(cfg, ti.seq_len)
+    bw, lat = ti.links.select(2 * cfg.tp * cfg.cp * cfg.dp)
+    return np.where(cfg.pp > 1, n * ti.model.hidden * 2.0 / cfg.tp / bw + lat, 0.0)

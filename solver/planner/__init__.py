@@ -1,0 +1,24 @@
+"""Step 5, the planner: islands × slices → candidates → pruning → composition → a validated plan.
+
+Takes in a :class:`~solver.spec.JobSpec`. Builds the islands, asks the homogeneous parallelizer
+for partial plans of every (island, slice length, position, micro-batches in flight) the
+pruning rules (:mod:`solver.planner.pruning`) let through (:mod:`solver.planner.candidates`),
+composes one latency table per pipeline depth exactly, adds the per-iteration terms exactly
+(:mod:`solver.planner.search`) and chooses ``n_micro`` (:mod:`solver.planner.micro`). Hands on
+a :class:`Plan` that :func:`validate` has checked against the job, or raises
+:class:`~solver.spec.InfeasibleError`. Baselines (:mod:`solver.planner.baselines`) and the
+persistent partial-plan cache (:mod:`solver.planner.plancache`) plug into the same search.
+"""
+
+from solver.planner.baselines import Baseline, plan_baseline
+from solver.planner.micro import candidate_n_micro, plan_auto, sweep
+from solver.planner.plan import Plan, SolverInfo, StagePlan, cycle_time, plan_json
+from solver.planner.plancache import CachingParallelizer, MemoryStore, open_store
+from solver.planner.pruning import Rule
+from solver.planner.search import PlannerConfig, PlanningRun, plan_job, start_run
+from solver.planner.validate import PlanInvalid, link_model, validate
+
+__all__ = ["Baseline", "CachingParallelizer", "MemoryStore", "Plan", "PlanInvalid",
+           "PlannerConfig", "PlanningRun", "Rule", "SolverInfo", "StagePlan",
+           "candidate_n_micro", "cycle_time", "link_model", "open_store", "plan_auto",
+           "plan_baseline", "plan_job", "plan_json", "start_run", "sweep", "validate"]

@@ -1,0 +1,169 @@
+"""The four pruning rules of the seed note (eqs. 2–4 and the interface check), plus safe variants.
+
+Each rule is one function. "Provably safe" means: the rule cannot remove every optimal plan of the
+planner's own problem (same cost model, same composition objective). "Heuristic" means it can,
+and ``tangram verify`` measures whether it did.
+
+Lower bounds used by the safe variants (``lb``): a stage holding ``ℓ`` layers on island ``k`` needs
+at least ``ℓ · w / C_k`` seconds per micro-batch, with ``w`` the forward+backward matmul FLOPs of
+one layer on one micro-batch and ``C_k`` the island's peak FLOP/s; the cost model never beats
+peak (its GEMM efficiency is below 1), so ``τ_k(ℓ) ≥ lb`` (checked by the tests on every entry).
+Any plan satisfies ``T ≥ n · max(stage latencies, link times)``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from solver.cost.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
+from solver.spec.domain import Island, ModelSpec
+
+STATE_BYTES_PER_PARAM = WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES
+
+
+class Rule(enum.Flag):
+    """Switchable pruning rules."""
+
+    NONE = 0
+    DEDUPE = enum.auto()          #: rule 1, eq. 2 — provably safe
+    BALANCE = enum.auto()         #: rule 2, eq. 3 — heuristic
+    MEMORY = enum.auto()          #: rule 3, eq. 4 — provably safe (our lower bound)
+    INTERFACE = enum.auto()       #: rule 4 — heuristic
+    BALANCE_SAFE = enum.auto()    #: rule 2 replaced by a lower bound on T — provably safe
+    INTERFACE_SAFE = enum.auto()  #: rule 4 replaced by a lower bound on T — provably safe
+
+    @classmethod
+    def paper(cls) -> "Rule":
+        """All four rules as the paper states them."""
+        return cls.DEDUPE | cls.BALANCE | cls.MEMORY | cls.INTERFACE
+
+    @classmethod
+    def safe(cls) -> "Rule":
+        """The provably safe set."""
+        return cls.DEDUPE | cls.MEMORY | cls.BALANCE_SAFE | cls.INTERFACE_SAFE
+
+    @property
+    def label(self) -> str:
+        """Short label for tables, e.g. ``1,2,3,4`` or ``1,2s,3,4s``."""
+        names = {Rule.DEDUPE: "1", Rule.BALANCE: "2", Rule.BALANCE_SAFE: "2s",
+                 Rule.MEMORY: "3", Rule.INTERFACE: "4", Rule.INTERFACE_SAFE: "4s"}
+        return ",".join(v for k, v in names.items() if k in self) or "none"
+
+
+def dedupe_slices(layers: int, length: int, dedupe: bool) -> list[tuple[int, int]]:
+    """Rule 1 (eq. 2), provably safe: which slices ``[a, b)`` of one length to plan.
+
+    Every Transformer layer has the same shape, so a slice's plan depends on its length and its
+    position (embedding / LM head), never on which layers it holds: one representative per
+    (length, position) suffices. Without the rule every ``(a, b)`` is planned (and the results are
+    identical, which ``tangram verify`` checks). Returns representative ``(a, b)`` pairs.
+    """
+    starts = range(0, layers - length + 1)
+    if not dedupe:
+        return [(a, a + length) for a in starts]
+    reps: dict[tuple[bool, bool], tuple[int, int]] = {}
+    for a in starts:
+        reps.setdefault((a == 0, a + length == layers), (a, a + length))
+    return list(reps.values())
+
+
+def balance_window(islands: tuple[Island, ...], island: Island, layers: int,
+                   beta: float) -> tuple[int, int]:
+    """Rule 2 (eq. 3), heuristic: lengths within a factor β of the compute-proportional share.
+
+    The share ``L · C_k / ΣC`` counts every island, so the rule assumes all islands are used; a
+    plan that leaves a weak island idle gives the others more than their share, and the rule can
+    drop it (the extreme-heterogeneity jobs show this). Returns the inclusive window ``[lo, hi]``.
+    """
+    share = layers * island.total_tflops / sum(i.total_tflops for i in islands)
+    lo = max(1, math.ceil(share / beta - 1e-9))
+    hi = min(layers, math.floor(share * beta + 1e-9))
+    return lo, hi
+
+
+def layer_work_flops(model: ModelSpec, micro_batch: int, seq_len: int) -> float:
+    """Forward+backward matmul FLOPs of one layer on one micro-batch (``6 · params · tokens``)."""
+    return 6.0 * (model.active_params_per_layer - model.norm_params) * micro_batch * seq_len
+
+
+def stage_time_lb(island: Island, length: int, work: float) -> float:
+    """Lower bound on the per-micro-batch latency of ``length`` layers on ``island`` (s)."""
+    return length * work / (island.total_tflops * 1e12)
+
+
+def bound_window(islands: tuple[Island, ...], island: Island, layers: int, work: float,
+                 n_micro: int, upper: float) -> tuple[int, int]:
+    """Rule 2, safe variant: lengths that a plan better than ``upper`` could give ``island``.
+
+    A length ``ℓ`` is dropped when ``n · ℓ·w/C_k > upper`` (the stage alone is too slow) or when
+    ``n · (L − ℓ)·w / Σ_{j≠k} C_j > upper`` (the other islands cannot absorb the rest fast enough:
+    the slowest of them holds at least their average). ``upper`` is the objective of a feasible
+    plan, so no plan as good as it is dropped: provably safe.
+    """
+    others = sum(i.total_tflops for i in islands if i.name != island.name) * 1e12
+    ok = []
+    for length in range(1, layers + 1):
+        mine = n_micro * stage_time_lb(island, length, work)
+        rest = n_micro * (layers - length) * work / others if others else (
+            0.0 if length == layers else math.inf)
+        if max(mine, rest) <= upper * (1 + 1e-12):
+            ok.append(length)
+    return (min(ok), max(ok)) if ok else (layers + 1, 0)
+
+
+def memory_cap(model: ModelSpec, island: Island, epsilon: float, embedding: bool,
+               head: bool) -> int:
+    """Rule 3 (eq. 4), provably safe: the longest slice whose model state could fit at all.
+
+    Whatever the configuration, the slice's weights, gradients and Adam state (18 B/param) are
+    spread over at most the island's ``N`` GPUs, so one GPU holds at least ``18 · P / N`` bytes;
+    activations only add to it. A length whose bound exceeds ``(1 − ε) · HBM`` cannot fit, and the
+    parallelizer would return nothing for it. (The paper's eq. 4 counts only bf16 weights; the
+    1F1B in-flight activations are checked exactly by the parallelizer for each position.)
+    """
+    budget = (1 - epsilon) * island.hbm_gb * 1e9 * island.gpus / STATE_BYTES_PER_PARAM
+    extra = (model.embedding_params if embedding else 0) + (model.head_params if head else 0)
+    room = budget - extra
+    return max(0, min(model.layers, math.floor(room / model.params_per_layer)))
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """Pipeline-boundary transfer between islands.
+
+    Attributes
+    ----------
+    bytes_per_micro : float
+        Activations forward plus their gradients backward per micro-batch (``2 · b·s·h·2``).
+    gbits_per_gpu : float | None
+        Per-GPU bandwidth between islands (None: the smaller NIC of the pair).
+    """
+
+    bytes_per_micro: float
+    gbits_per_gpu: float | None
+
+    def time(self, a: Island, b: Island) -> float:
+        """Seconds per micro-batch from ``a`` to ``b``: each GPU sends its shard of the boundary
+        activations (sequence-parallel layouts shard them over every GPU of the stage), so
+        ``min(N_a, N_b)`` streams run in parallel; resharding between different (tp, cp, dp)
+        layouts only changes who receives which shard, not the bytes on the wire."""
+        gbits = self.gbits_per_gpu or min(a.nic_gbits, b.nic_gbits)
+        streams = min(a.gpus, b.gpus)
+        return self.bytes_per_micro / (streams * gbits / 8 * 1e9)
+
+
+def interface_bans(links: dict[tuple[str, str], float], reference: float,
+                   threshold: float = 0.5) -> frozenset[tuple[str, str]]:
+    """Rule 4, heuristic: drop island pairs whose boundary transfer exceeds ``threshold`` times
+    a balanced stage's compute time ``reference``. A slow link may still belong to the optimum
+    (when the alternative is leaving a strong island out), so this can lose it."""
+    return frozenset(p for p, c in links.items() if c > threshold * reference)
+
+
+def interface_bans_safe(links: dict[tuple[str, str], float], n_micro: int,
+                        upper: float) -> frozenset[tuple[str, str]]:
+    """Rule 4, safe variant: a link is a pipeline stage of its own, so using it costs at least
+    ``n · c``; pairs with ``n · c > upper`` cannot be in a plan as good as ``upper``."""
+    return frozenset(p for p, c in links.items() if n_micro * c > upper * (1 + 1e-12))

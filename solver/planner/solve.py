@@ -1,0 +1,55 @@
+"""Dispatch a latency table to the chosen composition solver.
+
+``formulations`` is imported inside the function: ``solver`` never imports it at module level.
+A CP-SAT or MILP solve that stops at its time limit keeps its bound, but the plan returned is
+the exact DP's (marked not proven, with the solver's bound and the gap to the DP's objective), so
+a time limit never costs plan quality.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from solver.compose.dp import compose_dp
+from solver.compose.result import CompositionResult, SolveStatus, TooLargeError
+from solver.compose.table import LatencyTable, Restrictions
+from solver.spec.domain import SolverKind
+from solver.spec.errors import InputError
+
+
+def solve_table(table: LatencyTable, restrictions: Restrictions | None, kind: SolverKind,
+                overlap: bool = False, time_limit_s: float = 30.0) -> CompositionResult:
+    """Compose ``table`` with solver ``kind`` (same result type for every solver).
+
+    Raises
+    ------
+    InputError
+        The instance exceeds what the chosen solver is built for (its message says the limit).
+    """
+    try:
+        result = _solve(table, restrictions, kind, overlap, time_limit_s)
+    except TooLargeError as exc:
+        raise InputError("<cli>", "--solver", f"{kind.value}: {exc}") from None
+    if kind in (SolverKind.DP, SolverKind.BRUTE) or result.optimal or \
+            result.status is SolveStatus.INFEASIBLE:
+        return result
+    dp = compose_dp(table, restrictions, overlap)
+    gap = None
+    if result.bound is not None and dp.objective:
+        gap = max(0.0, (dp.objective - result.bound) / dp.objective)
+    return replace(dp, solver=result.solver, optimal=False, status=result.status,
+                   time_s=result.time_s + dp.time_s, bound=result.bound, gap=gap)
+
+
+def _solve(table: LatencyTable, restrictions: Restrictions | None, kind: SolverKind,
+           overlap: bool, time_limit_s: float) -> CompositionResult:
+    if kind is SolverKind.DP:
+        return compose_dp(table, restrictions, overlap)
+    if kind is SolverKind.BRUTE:
+        from solver.compose.brute import compose_brute
+        return compose_brute(table, restrictions, overlap)
+    if kind is SolverKind.CPSAT:
+        from formulations.assignment_cpsat import solve_cpsat
+        return solve_cpsat(table, restrictions, overlap, time_limit_s)
+    from formulations.assignment_milp import solve_milp
+    return solve_milp(table, restrictions, overlap, time_limit_s)

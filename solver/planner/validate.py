@@ -1,0 +1,141 @@
+"""Independent validation of a plan against its job.
+
+Nothing the planner computed is trusted: islands are rebuilt from the job, every stage is
+re-evaluated with the cost model at the in-flight count its final position implies, link times
+are recomputed, and the objective is recomputed from those numbers.
+"""
+
+from __future__ import annotations
+
+import math
+
+from solver.cost.stage import ConfigArrays, ModelSlice
+from solver.cost.stage_costs import PipelineSetting, stage_costs, substage_latencies
+from solver.islands import Thresholds, build_islands, whole_cluster
+from solver.planner.plan import Plan, cycle_time
+from solver.planner.pruning import LinkModel
+from solver.spec.domain import Island, JobSpec
+from solver.spec.errors import InfeasibleError
+
+REL_TOL = 1e-9
+
+
+class PlanInvalid(InfeasibleError):
+    """A plan failed validation; the message lists what is wrong."""
+
+
+def link_model(job: JobSpec, micro_batch: int) -> LinkModel:
+    """Boundary transfer of a job: activations forward and gradients backward, bf16."""
+    per_micro = 2 * micro_batch * job.training.seq_len * job.model.hidden * 2.0
+    return LinkModel(per_micro, job.cluster.inter_island_gbits)
+
+
+def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None) -> list[str]:
+    """Everything wrong with ``plan`` for ``job`` (empty when valid).
+
+    ``islands`` replaces the job's islands for baselines that view the cluster differently.
+    """
+    out = _structure(plan, job, islands)
+    if out:
+        return out
+    taus, extras = [], []
+    n = plan.n_micro
+    depth = len(plan.stages)
+    for i, s in enumerate(plan.stages):
+        out += _config(s, job, n)
+        held = min(depth - i, n)
+        if s.in_flight < held:
+            out.append(f"stage {i} ({s.island.name}): sized for {s.in_flight} micro-batches in "
+                       f"flight, its position holds {held}")
+        in_flight = max(s.in_flight, held)
+        subs, extra, mem = _evaluate(s, job, n, in_flight)
+        limit = (1 - job.planner.epsilon) * s.island.hbm_gb
+        if mem > limit * (1 + REL_TOL):
+            out.append(f"stage {i} ({s.island.name}): {mem:.2f} GB per GPU with {in_flight} "
+                       f"micro-batches in flight exceeds (1 - ε)·HBM = {limit:.2f} GB")
+        if not all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(subs, s.plan.stage_latencies)):
+            out.append(f"stage {i}: latencies {s.plan.stage_latencies} do not match the cost "
+                       f"model's {subs}")
+        taus.append(subs)
+        extras.append(extra)
+    links = _links(plan, job)
+    flat, flat_links = [], []
+    for i, subs in enumerate(taus):
+        flat += list(subs)
+        flat_links += [0.0] * (len(subs) - 1) + ([links[i]] if i < len(links) else [])
+    t = cycle_time(flat, flat_links, n, plan.overlap) + max(extras)
+    if not math.isclose(t, plan.iteration_time_s, rel_tol=1e-6):
+        out.append(f"objective {plan.iteration_time_s} does not match the recomputed {t}")
+    return out
+
+
+def validate(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None) -> None:
+    """Raise :class:`PlanInvalid` naming every problem, or return silently."""
+    found = problems(plan, job, islands)
+    if found:
+        raise PlanInvalid("invalid plan: " + "; ".join(found))
+
+
+def _structure(plan: Plan, job: JobSpec, given: tuple[Island, ...] | None) -> list[str]:
+    out = []
+    if not plan.stages:
+        return ["plan has no stages"]
+    if given is None:  # Algorithm 1's islands, or the whole cluster as one (PlannerConfig)
+        views = [build_islands(job.cluster, Thresholds.of(job.planner)).islands,
+                 whole_cluster(job.cluster).islands]
+        names = {s.island.name for s in plan.stages}
+        given = next((v for v in views if names <= {i.name for i in v}), views[0])
+    islands = {i.name: i for i in given}
+    cursor, seen = 0, set()
+    for s in plan.stages:
+        real = islands.get(s.island.name)
+        if real is None or real.nodes != s.island.nodes:
+            out.append(f"{s.island.name} is not an island of the job's cluster")
+        if s.island.name in seen:
+            out.append(f"island {s.island.name} used twice")
+        seen.add(s.island.name)
+        if s.start != cursor or s.end <= s.start:
+            out.append(f"{s.island.name}: layers [{s.start}, {s.end}) do not continue at {cursor}")
+        cursor = s.end
+    if cursor != job.model.layers:
+        out.append(f"layers end at {cursor}, the model has {job.model.layers}")
+    if len(plan.links) != len(plan.stages) - 1:
+        out.append("one link time per stage boundary expected")
+    return out
+
+
+def _config(s, job: JobSpec, n: int) -> list[str]:
+    c, isl, out = s.plan.config, s.island, []
+    name = isl.name
+    if c.tp * c.cp * c.pp * c.dp != isl.gpus:
+        out.append(f"{name}: tp·cp·pp·dp = {c.tp * c.cp * c.pp * c.dp} != {isl.gpus} GPUs")
+    if isl.gpus_per_node % c.tp:
+        out.append(f"{name}: TP group of {c.tp} does not fit in a node of {isl.gpus_per_node}")
+    micro = job.training.global_batch // n
+    if c.micro_batch * c.dp != micro:
+        out.append(f"{name}: dp {c.dp} × {c.micro_batch} sequences != micro-batch of {micro}")
+    if job.training.global_batch % n:
+        out.append(f"n_micro {n} does not divide the global batch {job.training.global_batch}")
+    m = job.model
+    if c.ep > 1 and (not m.is_moe or m.experts % c.ep or (c.dp * c.cp) % c.ep):
+        out.append(f"{name}: ep {c.ep} must divide the experts and dp·cp")
+    if job.training.seq_len % c.cp:
+        out.append(f"{name}: cp {c.cp} does not divide the sequence")
+    return out
+
+
+def _evaluate(s, job: JobSpec, n: int, in_flight: int) -> tuple[tuple[float, ...], float, float]:
+    slc = ModelSlice(job.model, s.end - s.start, s.start == 0, s.end == job.model.layers)
+    cfg = ConfigArrays.of([s.plan.config])
+    pipe = PipelineSetting(n, in_flight)
+    costs = stage_costs(slc, s.island, job.training.seq_len, cfg, pipe)
+    subs = substage_latencies(slc, s.island, job.training.seq_len, cfg, pipe)[0]
+    return subs, float(costs.iteration_s[0]), float(costs.memory.total[0]) / 1e9
+
+
+def _links(plan: Plan, job: JobSpec) -> list[float]:
+    lm = link_model(job, job.training.global_batch // plan.n_micro)
+    out = []
+    for a, b in zip(plan.stages, plan.stages[1:]):
+        out.append(lm.time(a.island, b.island))
+    return out

@@ -1,0 +1,371 @@
+"""Domain objects: GPUs, models, clusters, training settings, planner options and jobs.
+
+All are frozen dataclasses. Loading and validation of user files lives in ``solver.spec.loaders``; the
+objects here only derive values (parameter counts, node lists) from already-valid fields.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from solver.spec.model import ModelSpec
+
+__all__ = ["ClusterSpec", "FeaturePreset", "GPUSpec", "Island", "JobSpec", "ModelSpec", "Node",
+           "NodeGroup", "PlannerOptions", "Recompute", "Schedule", "SolverKind", "TrainingSpec"]
+
+
+class Recompute(enum.Enum):
+    """Activation recomputation strategy (Korthikanti et al. 2022)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class Schedule(enum.Enum):
+    """Pipeline schedule inside an island."""
+
+    ONE_F_ONE_B = "1f1b"
+    GPIPE = "gpipe"
+    INTERLEAVED = "interleaved"
+
+
+class FeaturePreset(enum.Enum):
+    """Capability sets of the homogeneous parallelizers in the seed note's comparison table."""
+
+    FULL = "full"
+    ALPA = "alpa"
+    GALVATRON = "galvatron"
+    ACESO = "aceso"
+    MIST = "mist"
+    METIS = "metis"
+
+
+class SolverKind(enum.Enum):
+    """Composition algorithm."""
+
+    DP = "dp"
+    CPSAT = "cpsat"
+    MILP = "milp"
+    BRUTE = "brute"
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU type of the catalog (``instances/gpus.toml``).
+
+    Attributes
+    ----------
+    name : str
+        Catalog key, e.g. ``"H100-SXM-80GB"``.
+    bf16_tflops : float
+        Dense 16-bit tensor throughput in TFLOP/s (FP16 for GPUs without BF16).
+    hbm_gb : float
+        Device memory in GB (10^9 bytes).
+    hbm_bw_gbs : float
+        Device memory bandwidth in GB/s.
+    nvlink_gbs : float
+        Intra-node GPU-to-GPU bandwidth per GPU in GB/s (bidirectional datasheet figure; 0 = none,
+        the PCIe link is used instead).
+    nic_gbits : float
+        Inter-node network bandwidth per GPU in Gb/s, typical deployment.
+    tdp_w : float
+        Board power in W.
+    usd_per_hour : float | None
+        Indicative rental price per GPU-hour.
+    pcie_gbs : float
+        Host link bandwidth per direction in GB/s (offload traffic; intra-node fallback).
+    source : str
+        Where the numbers come from.
+    """
+
+    name: str
+    bf16_tflops: float
+    hbm_gb: float
+    hbm_bw_gbs: float
+    nvlink_gbs: float
+    nic_gbits: float
+    tdp_w: float
+    usd_per_hour: float | None = None
+    pcie_gbs: float = 32.0
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Node:
+    """One physical server; its GPUs always stay together.
+
+    Attributes
+    ----------
+    node_id : str
+        ``<prefix>-<i>``.
+    gpu : GPUSpec
+        GPU type.
+    gpus : int
+        GPUs in the node.
+    nic_gbits : float
+        Network bandwidth per GPU in Gb/s.
+    perf : float
+        Sustained-clock factor in (0, 1].
+    """
+
+    node_id: str
+    gpu: GPUSpec
+    gpus: int
+    nic_gbits: float
+    perf: float = 1.0
+
+    @property
+    def tflops(self) -> float:
+        """Effective dense TFLOP/s per GPU (datasheet × sustained clock)."""
+        return self.gpu.bf16_tflops * self.perf
+
+    @property
+    def kind(self) -> tuple:
+        """Everything that distinguishes this node for planning (identical kinds are interchangeable)."""
+        return (self.gpu.name, self.gpus, self.nic_gbits, self.perf)
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """A ``[[nodes]]`` entry of a cluster file: ``count`` identical nodes.
+
+    Attributes
+    ----------
+    gpu : GPUSpec
+        GPU type.
+    count : int
+        Number of nodes.
+    gpus_per_node : int
+        GPUs per node.
+    nic_gbits : float
+        Network bandwidth per GPU (Gb/s); the catalog value unless overridden.
+    perf : float
+        Sustained-clock factor in (0, 1].
+    prefix : str
+        Node id prefix; node ids are ``<prefix>-<i>``.
+    """
+
+    gpu: GPUSpec
+    count: int
+    gpus_per_node: int = 8
+    nic_gbits: float = 0.0
+    perf: float = 1.0
+    prefix: str = ""
+
+    def nodes(self) -> tuple[Node, ...]:
+        """The group's nodes, ids numbered from 0."""
+        return tuple(
+            Node(f"{self.prefix}-{i}", self.gpu, self.gpus_per_node, self.nic_gbits, self.perf)
+            for i in range(self.count)
+        )
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A cluster: node groups plus the bandwidth between islands.
+
+    Attributes
+    ----------
+    name : str
+        Cluster name.
+    groups : tuple[NodeGroup, ...]
+        Node groups in file order.
+    inter_island_gbits : float | None
+        Per-GPU bandwidth between islands (Gb/s); ``None`` = the smaller NIC of the two sides.
+    """
+
+    name: str
+    groups: tuple[NodeGroup, ...]
+    inter_island_gbits: float | None = None
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        """All nodes, group by group."""
+        return tuple(n for g in self.groups for n in g.nodes())
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs in the cluster."""
+        return sum(g.count * g.gpus_per_node for g in self.groups)
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """Batch settings.
+
+    Attributes
+    ----------
+    global_batch : int
+        Sequences per iteration.
+    seq_len : int
+        Tokens per sequence.
+    n_micro : int | None
+        Micro-batches per iteration; ``None`` means ``"auto"`` (chosen by the planner).
+    """
+
+    global_batch: int
+    seq_len: int
+    n_micro: int | None = None
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per iteration."""
+        return self.global_batch * self.seq_len
+
+
+@dataclass(frozen=True)
+class PlannerOptions:
+    """The ``[planner]`` table of a job.
+
+    Attributes
+    ----------
+    features : FeaturePreset
+        Capabilities of the homogeneous parallelizer.
+    beta : float
+        Balance-rule tolerance (eq. 3), > 1.
+    epsilon : float
+        Memory safety margin: plans use at most (1 − ε) of HBM.
+    tau_c, tau_m, tau_b : float
+        Island similarity thresholds on compute, HBM capacity and HBM bandwidth (relative).
+    t_merge : float
+        Largest relative throughput loss accepted when merging two islands.
+    solver : SolverKind
+        Composition algorithm.
+    overlap : bool
+        Count link transfers as overlapped with compute (eq. 9).
+    time_limit_s : float
+        Time limit for CP-SAT / MILP.
+    max_usd_per_hour : float | None
+        Budget: the fastest plan whose used GPUs cost at most this much per hour (None: no cap).
+    min_tokens_per_s : float | None
+        Deadline: the cheapest plan (per token) reaching this throughput (None: fastest plan).
+    """
+
+    features: FeaturePreset = FeaturePreset.FULL
+    beta: float = 2.0
+    epsilon: float = 0.1
+    tau_c: float = 0.2
+    tau_m: float = 0.2
+    tau_b: float = 0.2
+    t_merge: float = 0.1
+    solver: SolverKind = SolverKind.DP
+    overlap: bool = False
+    time_limit_s: float = 30.0
+    max_usd_per_hour: float | None = None
+    min_tokens_per_s: float | None = None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A planning job: model × cluster × batch × options.
+
+    Attributes
+    ----------
+    name : str
+        Job name (file stem).
+    model : ModelSpec
+        The model.
+    cluster : ClusterSpec
+        The cluster.
+    training : TrainingSpec
+        Batch settings.
+    planner : PlannerOptions
+        Options.
+    path : Path | None
+        The job file, for error messages.
+    """
+
+    name: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    planner: PlannerOptions = field(default_factory=PlannerOptions)
+    path: Path | None = None
+
+
+@dataclass(frozen=True)
+class Island:
+    """A set of nodes the homogeneous parallelizer treats as identical GPUs.
+
+    Effective values are the weakest member's, so a plan made for the island fits and keeps pace
+    on every node of it (the seed note, Algorithm 1: effective HBM is the minimum).
+
+    Attributes
+    ----------
+    name : str
+        Island name (``i<k>-<gpu>``).
+    nodes : tuple[Node, ...]
+        Member nodes.
+    """
+
+    name: str
+    nodes: tuple[Node, ...]
+
+    @classmethod
+    def homogeneous(cls, name: str, gpu: GPUSpec, gpus: int, gpus_per_node: int = 8,
+                    nic_gbits: float | None = None, perf: float = 1.0) -> "Island":
+        """An island of ``gpus`` GPUs of one type, packed ``gpus_per_node`` to a node."""
+        nic = gpu.nic_gbits if nic_gbits is None else nic_gbits
+        full, rest = divmod(gpus, gpus_per_node)
+        sizes = [gpus_per_node] * full + ([rest] if rest else [])
+        nodes = tuple(Node(f"{name}-{i}", gpu, s, nic, perf) for i, s in enumerate(sizes))
+        return cls(name, nodes)
+
+    @property
+    def gpu(self) -> GPUSpec:
+        """The weakest member's GPU type (lowest effective TFLOP/s, then HBM)."""
+        return min(self.nodes, key=lambda n: (n.tflops, n.gpu.hbm_gb, n.gpu.name)).gpu
+
+    @property
+    def gpus(self) -> int:
+        """GPU count."""
+        return sum(n.gpus for n in self.nodes)
+
+    @property
+    def gpus_per_node(self) -> int:
+        """Smallest node size: a TP group must fit in every node."""
+        return min(n.gpus for n in self.nodes)
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        """Effective TFLOP/s per GPU: the minimum of datasheet × perf over members."""
+        return min(n.tflops for n in self.nodes)
+
+    @property
+    def hbm_gb(self) -> float:
+        """Effective HBM per GPU: the minimum over members."""
+        return min(n.gpu.hbm_gb for n in self.nodes)
+
+    @property
+    def hbm_bw_gbs(self) -> float:
+        """Effective HBM bandwidth per GPU."""
+        return min(n.gpu.hbm_bw_gbs for n in self.nodes)
+
+    @property
+    def nvlink_gbs(self) -> float:
+        """Effective intra-node bandwidth per GPU (PCIe where a member has no NVLink)."""
+        return min(n.gpu.nvlink_gbs or n.gpu.pcie_gbs for n in self.nodes)
+
+    @property
+    def pcie_gbs(self) -> float:
+        """Effective host-link bandwidth per GPU."""
+        return min(n.gpu.pcie_gbs for n in self.nodes)
+
+    @property
+    def nic_gbits(self) -> float:
+        """Effective network bandwidth per GPU."""
+        return min(n.nic_gbits for n in self.nodes)
+
+    @property
+    def total_tflops(self) -> float:
+        """Effective island compute: GPUs × effective TFLOP/s."""
+        return self.gpus * self.tflops_per_gpu
+
+    @property
+    def signature(self) -> tuple:
+        """What a partial plan on this island depends on (cache key part)."""
+        return (self.gpu.name, self.gpus, self.gpus_per_node, self.tflops_per_gpu,
+                self.hbm_gb, self.hbm_bw_gbs, self.nvlink_gbs, self.nic_gbits)

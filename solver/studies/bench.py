@@ -1,0 +1,349 @@
+"""Benchmark suite runner (``tangram bench``): one row of measurements per job.
+
+A row holds the Tangram plan (islands, stage split, throughput, bubble ratio, planning time,
+parallelizer calls with the paper's rules and without any), optionally every composition solver's
+answer on the same candidates (objective, time, proof status, bound/gap, agreement), and optionally
+the Figure 7 comparison: throughput of the ``oblivious`` and ``restricted`` baselines and of
+Tangram, normalized to ``oblivious`` = 1.0.
+
+The unpruned call count is computed without planning: the planner runs with ``Rule.NONE`` against
+a parallelizer that plans nothing, so the count is exactly the number of calls an unpruned run
+makes (``tests/test_bench.py`` checks it against a real unpruned run) at the cost of enumerating
+slices only.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from solver.islands import Thresholds, build_islands
+from solver.planner.baselines import Baseline, plan_baseline
+from solver.planner.plan import Plan, _r
+from solver.planner.pruning import Rule
+from solver.planner.search import PlannerConfig, PlanningRun, plan_job, start_run
+from solver.planner.validate import PlanInvalid
+from solver.spec.domain import JobSpec, SolverKind
+from solver.spec.errors import InfeasibleError, InputError
+from solver.spec.loaders import INSTANCES, load_job
+from solver.studies.sweep import plan_auto
+
+SUITE = INSTANCES / "jobs"
+AGREE_REL_TOL = 1e-4  # CP-SAT scales latencies to integers; same tolerance as `tangram verify`
+
+
+class SolverStatus(enum.Enum):
+    """How one solver's planning run ended."""
+
+    OPTIMAL = "optimal"          #: plan, optimality proven
+    LIMIT = "limit"              #: plan, optimality not proven (a time limit was hit)
+    UNPROVEN = "unproven"        #: plan the planner calls optimal, but the run outlasted one
+    #: solve's time limit, and a solve that times out without any plan is not flagged by it
+    INFEASIBLE = "infeasible"    #: no plan, and no time limit was hit: proven
+    NO_PLAN_LIMIT = "no plan within limit"  #: no plan, but a limit may have cut the search
+
+
+@dataclass(frozen=True)
+class SolverRun:
+    """One composition solver on the job's (shared) candidates.
+
+    Attributes
+    ----------
+    solver : str
+        ``dp``, ``cpsat`` or ``milp``.
+    status : SolverStatus
+        How it ended.
+    objective_s : float | None
+        Iteration time of its plan (None: no plan).
+    time_s : float
+        Wall time of planning with a warm candidate cache (composition, sweeps, validation).
+    bound, gap : float | None
+        Lower bound and relative gap when optimality was not proven (as the solver reports).
+    """
+
+    solver: str
+    status: SolverStatus
+    objective_s: float | None
+    time_s: float
+    bound: float | None = None
+    gap: float | None = None
+
+
+@dataclass(frozen=True)
+class BaselineRun:
+    """Throughput of one planner in the Figure 7 comparison.
+
+    Attributes
+    ----------
+    name : str
+        ``oblivious``, ``restricted`` or ``tangram``.
+    tokens_per_s : float | None
+        Throughput (None: infeasible).
+    relative : float | None
+        ``tokens_per_s`` over the oblivious baseline's (None when either is infeasible).
+    note : str
+        Why there is no plan (empty when there is one).
+    """
+
+    name: str
+    tokens_per_s: float | None
+    relative: float | None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What ``tangram bench`` measures besides the Tangram plan.
+
+    Attributes
+    ----------
+    solvers : tuple[SolverKind, ...]
+        Composition solvers to run on the same candidates (empty: none).
+    baselines : bool
+        Also plan the oblivious and restricted baselines.
+    time_limit_s : float | None
+        CP-SAT / MILP time limit per solve (None: the job's).
+    """
+
+    solvers: tuple[SolverKind, ...] = ()
+    baselines: bool = False
+    time_limit_s: float | None = None
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """Measurements of one job.
+
+    Attributes
+    ----------
+    job : str
+        Job name.
+    gpus : int
+        GPUs in the cluster.
+    islands : int
+        Islands built.
+    split : str
+        Layers per stage in pipeline order, ``island:layers`` (empty without a plan).
+    n_micro : int | None
+        Micro-batches of the plan.
+    tokens_per_s, iteration_time_s, bubble_ratio : float | None
+        Objective of the plan (None without a plan).
+    plan_time_s : float
+        Wall time of planning (islands, candidates, composition, validation).
+    calls : int | None
+        Parallelizer calls with the paper's rules (None without a plan).
+    calls_unpruned : int | None
+        Calls an unpruned run makes at the same n_micro (None when n_micro is unknown).
+    optimal : bool | None
+        Optimality proven for the plan.
+    infeasible : str
+        Why there is no plan (empty when there is one).
+    solvers : tuple[SolverRun, ...]
+        Per-solver results (empty unless asked).
+    agree : bool | None
+        All solvers proved the same answer (None unless at least two ran).
+    baselines : tuple[BaselineRun, ...]
+        Figure 7 comparison (empty unless asked).
+    """
+
+    job: str
+    gpus: int
+    islands: int
+    split: str
+    n_micro: int | None
+    tokens_per_s: float | None
+    iteration_time_s: float | None
+    bubble_ratio: float | None
+    plan_time_s: float
+    calls: int | None
+    calls_unpruned: int | None
+    optimal: bool | None
+    infeasible: str = ""
+    solvers: tuple[SolverRun, ...] = ()
+    agree: bool | None = None
+    baselines: tuple[BaselineRun, ...] = ()
+
+
+def suite_paths(jobs: Sequence[str] = ()) -> list[Path]:
+    """Job files: the given paths or suite names, or every job of ``instances/jobs``."""
+    if not jobs:
+        return sorted(SUITE.glob("*.toml"))
+    out = []
+    for j in jobs:
+        path = Path(j)
+        if not path.is_file() and (SUITE / f"{j}.toml").is_file():
+            path = SUITE / f"{j}.toml"
+        if not path.is_file():
+            raise InputError(j, "<file>", "no such file, and no suite job of that name")
+        out.append(path)
+    return out
+
+
+class _NullParallelizer:
+    """Plans nothing, so the table loop runs at the cost of enumerating slices."""
+
+    def plan(self, slice, island, context) -> list:  # noqa: D102 - Parallelizer protocol
+        return []
+
+
+def unpruned_calls(job: JobSpec, n_micro: int) -> int:
+    """Parallelizer calls of an unpruned (``Rule.NONE``) run, counted without planning.
+
+    The planner itself runs, but against a parallelizer that plans nothing: without rules no
+    entry depends on another's result, so the count is exact, and the run fails fast as infeasible.
+    """
+    config = PlannerConfig(rules=Rule.NONE, solver=SolverKind.DP)
+    run = start_run(job, config, n_micro, parallelizer=_NullParallelizer())
+    try:
+        plan_job(job, config, run=run)
+    except InfeasibleError:
+        pass
+    return run.cache.calls
+
+
+_UNPROVEN = (SolverStatus.LIMIT, SolverStatus.UNPROVEN, SolverStatus.NO_PLAN_LIMIT)
+
+
+def agreement(runs: Sequence[SolverRun]) -> bool | None:
+    """Whether the solvers agree: every one proved its answer and the answers match.
+
+    A solver that hit its limit never counts as agreeing, even with the same objective.
+    """
+    if len(runs) < 2:
+        return None
+    if any(r.status in _UNPROVEN for r in runs):
+        return False
+    values = [r.objective_s for r in runs]
+    if all(v is None for v in values):
+        return True
+    if any(v is None for v in values):
+        return False
+    return max(values) - min(values) <= AGREE_REL_TOL * min(values)
+
+
+def solver_runs(job: JobSpec, config: PlannerConfig, run: PlanningRun,
+                kinds: Sequence[SolverKind]) -> tuple[SolverRun, ...]:
+    """Every solver in ``kinds`` on ``run``'s candidates (cache shared, so times are composition)."""
+    limit = config.time_limit_s or job.planner.time_limit_s
+    out = []
+    for kind in kinds:
+        cfg = replace(config, solver=kind)
+        start = time.perf_counter()
+        try:
+            plan = plan_job(job, cfg, run=replace(run, config=cfg))
+        except PlanInvalid:
+            raise
+        except InfeasibleError:
+            plan = None
+        out.append(_solver_run(kind, plan, time.perf_counter() - start, limit))
+    return tuple(out)
+
+
+def _solver_run(kind: SolverKind, plan: Plan | None, elapsed: float, limit: float) -> SolverRun:
+    # Each CP-SAT / MILP solve is limited, so a run shorter than one limit hit none. A longer run
+    # may have, and the planner skips a pipeline depth whose solve timed out without any plan, so
+    # neither its "no plan" nor its "optimal" is a proof then.
+    limited = kind is not SolverKind.DP and elapsed >= limit
+    if plan is None:
+        status = SolverStatus.NO_PLAN_LIMIT if limited else SolverStatus.INFEASIBLE
+        return SolverRun(kind.value, status, None, elapsed)
+    info = plan.solver
+    if not info.optimal:
+        return SolverRun(kind.value, SolverStatus.LIMIT, plan.iteration_time_s, elapsed,
+                         info.bound, info.gap)
+    status = SolverStatus.UNPROVEN if limited else SolverStatus.OPTIMAL
+    return SolverRun(kind.value, status, plan.iteration_time_s, elapsed)
+
+
+def baseline_runs(job: JobSpec, tangram: Plan | None, note: str = "") -> tuple[BaselineRun, ...]:
+    """Oblivious, restricted and Tangram throughput, normalized to oblivious = 1.0."""
+    found = [(b.value, *_try(lambda b=b: plan_baseline(job, b)))
+             for b in (Baseline.OBLIVIOUS, Baseline.RESTRICTED)]
+    found.append(("tangram", tangram, note))
+    ref = found[0][1].tokens_per_s if found[0][1] else None
+    out = []
+    for name, plan, why in found:
+        tps = plan.tokens_per_s if plan else None
+        out.append(BaselineRun(name, tps, None if tps is None or ref is None else tps / ref, why))
+    return tuple(out)
+
+
+def _try(make: Callable[[], Plan]) -> tuple[Plan | None, str]:
+    try:
+        return make(), ""
+    except PlanInvalid:
+        raise
+    except InfeasibleError as exc:
+        return None, str(exc)
+
+
+def bench_job(path: Path | str, options: BenchOptions = BenchOptions()) -> BenchRow:
+    """Plan one job file and measure it as ``options`` asks."""
+    job = load_job(path)
+    config = PlannerConfig(time_limit_s=options.time_limit_s)
+    start = time.perf_counter()
+    run: PlanningRun | None = None
+    try:
+        if job.training.n_micro is None:
+            plan = plan_auto(job, config)
+        else:
+            run = start_run(job, config)
+            plan = plan_job(job, config, run=run)
+        note = ""
+    except PlanInvalid:
+        raise
+    except InfeasibleError as exc:
+        plan, note = None, str(exc)
+    elapsed = time.perf_counter() - start
+    row = _row(job, plan, note, elapsed)
+    n = plan.n_micro if plan else job.training.n_micro
+    if n is not None:
+        row = replace(row, calls_unpruned=unpruned_calls(job, n))
+    if options.solvers and n is not None:
+        runs = solver_runs(job, config, run or start_run(job, config, n), options.solvers)
+        row = replace(row, solvers=runs, agree=agreement(runs))
+    if options.baselines:
+        row = replace(row, baselines=baseline_runs(job, plan, note))
+    return row
+
+
+def _row(job: JobSpec, plan: Plan | None, note: str, elapsed: float) -> BenchRow:
+    if plan is None:
+        islands = len(build_islands(job.cluster, Thresholds.of(job.planner)).islands)
+        return BenchRow(job.name, job.cluster.total_gpus, islands, "", None, None, None, None,
+                        elapsed, None, None, None, note)
+    split = " ".join(f"{s.island.name}:{s.end - s.start}" for s in plan.stages)
+    return BenchRow(job.name, job.cluster.total_gpus, len(plan.islands.islands), split,
+                    plan.n_micro, plan.tokens_per_s, plan.iteration_time_s, plan.bubble_ratio,
+                    elapsed, plan.solver.parallelizer_calls, None, plan.solver.optimal)
+
+
+def row_json(row: BenchRow) -> dict[str, Any]:
+    """One row of ``tangram bench --json`` (every key always present; null when not measured).
+
+    Wall-clock keys (``planning_time_s``, ``time_s``) are those ``--stable-json`` zeroes.
+    """
+    return {
+        "job": row.job, "gpus": row.gpus, "islands": row.islands, "split": row.split,
+        "n_micro": row.n_micro, "tokens_per_s": _opt(row.tokens_per_s, 6),
+        "iteration_time_s": _opt(row.iteration_time_s), "bubble_ratio": _opt(row.bubble_ratio),
+        "planning_time_s": _r(row.plan_time_s, 4), "parallelizer_calls": row.calls,
+        "parallelizer_calls_unpruned": row.calls_unpruned, "optimal": row.optimal,
+        "infeasible": row.infeasible or None,
+        "solvers": {s.solver: {"status": s.status.value, "optimal": s.status is SolverStatus.OPTIMAL,
+                               "objective_s": _opt(s.objective_s), "time_s": _r(s.time_s, 4),
+                               "bound": _opt(s.bound), "gap": _opt(s.gap)}
+                    for s in row.solvers},
+        "agree": row.agree,
+        "baselines": {b.name: {"tokens_per_s": _opt(b.tokens_per_s, 6),
+                               "relative": _opt(b.relative, 4), "infeasible": b.note or None}
+                      for b in row.baselines} or None,
+    }
+
+
+def _opt(x: float | None, digits: int = 9) -> float | None:
+    return None if x is None or not math.isfinite(x) else _r(x, digits)

@@ -1,0 +1,109 @@
+"""Does pruning ever drop the optimum? The ablation behind ``tangram verify``.
+
+The job is solved without any rule (every island × every slice ``[a, b)`` × every in-flight
+count, composed exactly), then with growing rule sets, and the objectives are compared. The
+final candidate set is also composed by every solver (DP, CP-SAT, MILP) as a cross-check.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from solver.planner.plan import Plan
+from solver.planner.pruning import Rule
+from solver.planner.search import PlannerConfig, plan_job
+from solver.spec.domain import JobSpec, SolverKind
+from solver.spec.errors import InfeasibleError
+
+REL_TOL = 1e-6
+ABLATION = (Rule.DEDUPE,
+            Rule.DEDUPE | Rule.BALANCE,
+            Rule.DEDUPE | Rule.BALANCE | Rule.MEMORY,
+            Rule.paper(),
+            Rule.safe())
+
+
+@dataclass(frozen=True)
+class Row:
+    """One ablation row.
+
+    Attributes
+    ----------
+    rules : Rule
+        Rules applied.
+    objective_s : float | None
+        Iteration time found (None: no plan).
+    parallelizer_calls : int
+        Calls made.
+    time_s : float
+        Planning time.
+    optimum_kept : bool
+        Objective equals the unpruned one (relative tolerance 1e-6).
+    loss : float
+        Relative loss against the unpruned optimum (0 when kept).
+    """
+
+    rules: Rule
+    objective_s: float | None
+    parallelizer_calls: int
+    time_s: float
+    optimum_kept: bool
+    loss: float
+
+
+def _run(job: JobSpec, rules: Rule, n_micro: int, solver: SolverKind = SolverKind.DP
+         ) -> tuple[Plan | None, int, float]:
+    start = time.perf_counter()
+    from solver.planner.search import start_run
+    config = PlannerConfig(rules=rules, solver=solver)
+    run = start_run(job, config, n_micro)
+    try:
+        plan = plan_job(job, config, run=run)
+    except InfeasibleError:
+        plan = None
+    # The plan's count includes the whole-cluster alternative the planner also tries.
+    calls = plan.solver.parallelizer_calls if plan else run.cache.calls
+    return plan, calls, time.perf_counter() - start
+
+
+def ablation_rows(job: JobSpec, n_micro: int, rule_sets=ABLATION):
+    """Yield the unpruned row, then one row per rule set (a generator, so that an interrupted
+    run can still report the rows it finished)."""
+    base, calls, t = _run(job, Rule.NONE, n_micro)
+    ref = base.iteration_time_s if base else None
+    yield Row(Rule.NONE, ref, calls, t, True, 0.0)
+    for rules in rule_sets:
+        plan, calls, t = _run(job, rules, n_micro)
+        obj = plan.iteration_time_s if plan else None
+        kept = (obj is None and ref is None) or (
+            obj is not None and ref is not None and math.isclose(obj, ref, rel_tol=REL_TOL))
+        loss = 0.0 if kept or ref is None else (math.inf if obj is None else obj / ref - 1)
+        yield Row(rules, obj, calls, t, kept, loss)
+
+
+def ablation(job: JobSpec, n_micro: int, rule_sets=ABLATION) -> tuple[Row, list[Row]]:
+    """The unpruned row and one row per rule set."""
+    rows = list(ablation_rows(job, n_micro, rule_sets))
+    return rows[0], rows[1:]
+
+
+def cross_check(job: JobSpec, n_micro: int, rules: Rule = Rule.paper()
+                ) -> dict[str, float | bool | None]:
+    """Objectives of DP, CP-SAT and MILP on the same candidate set, and whether they agree.
+
+    Agreement: every solver proved optimality and the objectives match within the CP-SAT
+    scaling tolerance (``formulations.scaling``), taken here as a relative 1e-4.
+    """
+    out: dict[str, float | bool | None] = {}
+    proven = True
+    for kind in (SolverKind.DP, SolverKind.CPSAT, SolverKind.MILP):
+        plan, _, _ = _run(job, rules, n_micro, kind)
+        out[kind.value] = plan.iteration_time_s if plan else None
+        proven = proven and (plan is None or plan.solver.optimal)
+    values = [v for v in out.values() if v is not None]
+    same_feasibility = len(values) in (0, 3)
+    out["agree"] = proven and same_feasibility and (
+        not values or max(values) - min(values) <= 1e-4 * min(values))
+    return out

@@ -1,0 +1,207 @@
+"""Cost model: hand-computed memory and FLOPs, monotonicity, vectorized == scalar."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from solver.cost.efficiency import (
+    Calibration,
+    Links,
+    gemm_efficiency,
+    machine_balance,
+    ring_time,
+)
+from solver.cost.memory import activation_bytes_per_token
+from solver.cost.stage import ConfigArrays, ModelSlice, StageConfig
+from solver.cost.stage_costs import (
+    PipelineSetting,
+    in_flight_of,
+    model_flops_per_token,
+    split_layers,
+    stage_costs,
+    substage_latencies,
+    substage_layers,
+)
+from solver.spec.domain import Island, ModelSpec, Recompute, Schedule
+
+LLAMA2_13B = ModelSpec("llama2-13b", layers=40, hidden=5120, ffn=13824, heads=40, kv_heads=40,
+                       vocab=32000, gated_mlp=True)
+GPT_1_7B = ModelSpec("gpt-1.7b", layers=24, hidden=2304, ffn=4 * 2304, heads=24, kv_heads=24,
+                     vocab=51200, gated_mlp=False, tied_embeddings=True)
+MOE = ModelSpec("moe", layers=8, hidden=2048, ffn=8192, heads=16, kv_heads=4, vocab=32000,
+                experts=8, top_k=2, expert_ffn=4096)
+CALIB = Calibration(gemm_eff_max=0.8, gemm_half_balance=3.0)
+
+
+@pytest.fixture()
+def a100(catalog):
+    return Island.homogeneous("a100", catalog["A100-SXM-80GB"], 8)
+
+
+def costs_of(slc, island, configs, seq=4096, pipe=PipelineSetting(), calib=CALIB):
+    return stage_costs(slc, island, seq, ConfigArrays.of(configs), pipe, calib)
+
+
+def test_one_llama_layer_tp2_full_recompute_memory_by_hand(a100):
+    # Parameters of one llama2-13b layer (h = 5120, f = 13824, 40 heads of 128, MHA):
+    #   attention Q,K,V,O = 4 h^2 = 104,857,600; SwiGLU MLP 3 h f = 212,336,640; norms 2h = 10,240
+    #   total 317,204,480, i.e. 158,602,240 per GPU with tp = 2 (ZeRO 0, dp = 1).
+    per_gpu = 158_602_240
+    assert LLAMA2_13B.params_per_layer == 2 * per_gpu
+    # Activations, s = 4096, b = 1, full recomputation, SP divides by tp = 2:
+    #   stored layer input 2h = 10,240 B/token -> 10,240 * 4096 / 2 = 20,971,520 B
+    #   one layer's working set (recomputed in backward), per token without recomputation:
+    #     attention: norm in 2h + QKV in 2h + Q 2h + K,V 4h + attn out 2h + fp32 LSE 4a = 12h + 160
+    #     MLP: norm in 2h + MLP in 2h + SwiGLU 6f = 4h + 82,944
+    #     = 61,600 + 103,424 = 165,024 B/token -> 165,024 * 4096 / 2 = 337,969,152 B
+    cfg = StageConfig(tp=2, recompute=Recompute.FULL, micro_batch=1)
+    mem = costs_of(ModelSlice(LLAMA2_13B, 1), a100, [cfg]).memory
+    assert mem.params[0] == 2 * per_gpu           # bf16
+    assert mem.grads[0] == 4 * per_gpu            # fp32 main gradients
+    assert mem.optimizer[0] == 12 * per_gpu       # fp32 master + m + v
+    assert mem.activations[0] == 20_971_520 + 337_969_152
+
+
+def test_korthikanti_count_reproduced_for_gpt():
+    # Korthikanti et al. 2022: s b h (34 + 5 a s / h) per layer for a GPT layer with dropout,
+    # without FlashAttention; selective recomputation removes the 5 a s / h term.
+    s, h, a = 2048, GPT_1_7B.hidden, GPT_1_7B.heads
+    full = activation_bytes_per_token(GPT_1_7B, s, Recompute.NONE, flash=False, dropout=True)
+    assert full == 34 * h + 5 * a * s
+    sel = activation_bytes_per_token(GPT_1_7B, s, Recompute.SELECTIVE, flash=False, dropout=True)
+    assert sel == 34 * h
+    assert activation_bytes_per_token(GPT_1_7B, s, Recompute.FULL) == 2 * h
+
+
+def test_model_flops_per_token_by_hand():
+    # 6 N + 12 l s h with N = matmul weights of the layers and the LM head:
+    #   layers 40 * (317,204,480 - 10,240 norms) = 12,687,769,600; head 32000 * 5120 = 163,840,000
+    #   6 N = 77,109,657,600; 12 * 40 * 4096 * 5120 = 10,066,329,600; sum 87,175,987,200
+    assert model_flops_per_token(LLAMA2_13B, 4096) == 87_175_987_200
+
+
+def test_gemm_efficiency_curve_by_hand(a100):
+    # A100-80GB balance 312e12 / 2039e9 = 153.02 FLOP/B; half point 3 x 153.02 = 459.05.
+    # 4096^3: xi = 1 / (3 / 4096) = 1365.33; 0.8 * 1365.33 / (1365.33 + 459.05) = 0.59870
+    balance = machine_balance(a100)
+    assert balance == pytest.approx(312e12 / 2039e9)
+    eff = gemm_efficiency(np.array([4096]), 4096, 4096, CALIB, balance)[0]
+    assert eff == pytest.approx(0.8 * (4096 / 3) / (4096 / 3 + 3 * 312e12 / 2039e9))
+    assert eff == pytest.approx(0.59870, abs=1e-5)
+    assert gemm_efficiency(np.array([512]), 4096, 4096, CALIB, balance)[0] < eff
+    # A GPU with more FLOPs per byte of HBM bandwidth reaches a smaller fraction of its peak.
+    assert gemm_efficiency(np.array([4096]), 4096, 4096, CALIB, 2 * balance)[0] < eff
+
+
+def test_tp_collectives_by_hand(a100):
+    # One layer, tp = 2 inside a node, cp = 1: forward TP traffic is 4 collectives of
+    # n h 2 bytes with ring factor (2-1)/2 on NVLink (600/2 GB/s x 0.78) plus one step latency each.
+    cfg = StageConfig(tp=2, micro_batch=1)
+    fwd = costs_of(ModelSlice(LLAMA2_13B, 1), a100, [cfg]).fwd
+    bw = 300e9 * CALIB.nvlink_eff
+    expected = 4 * (0.5 * 4096 * 5120 * 2 / bw + CALIB.nvlink_latency_s)
+    assert fwd.tp[0] == pytest.approx(expected)
+    links = Links.of(a100, CALIB)
+    assert ring_time(np.array(1e9), 8, links.inter_bw, links.inter_lat, 2.0) == pytest.approx(
+        2 * 7 / 8 * 1e9 / (25e9 * CALIB.nic_eff) + 14 * CALIB.nic_latency_s)
+
+
+def test_backward_is_twice_forward_and_full_recompute_adds_a_forward(a100):
+    cfgs = [StageConfig(tp=1, micro_batch=1), StageConfig(tp=1, micro_batch=1,
+                                                          recompute=Recompute.FULL)]
+    c = costs_of(ModelSlice(LLAMA2_13B, 2), a100, cfgs)
+    assert c.bwd.compute[0] == pytest.approx(2 * c.fwd.compute[0])
+    assert c.bwd.recompute[0] == 0
+    assert c.bwd.recompute[1] == pytest.approx(c.fwd.compute[1])
+    assert c.latency_s[1] > c.latency_s[0]
+    assert c.memory.activations[1] < c.memory.activations[0]
+
+
+def test_more_tp_means_less_memory_per_gpu(catalog):
+    island = Island.homogeneous("h", catalog["H100-SXM-80GB"], 16)
+    cfgs = [StageConfig(tp=t, dp=16 // t, micro_batch=1) for t in (1, 2, 4, 8)]
+    mem = costs_of(ModelSlice(LLAMA2_13B, 10, True, True), island, cfgs).memory
+    for part in (mem.params, mem.grads, mem.optimizer, mem.activations):
+        assert np.all(np.diff(part) < 0)
+
+
+def test_zero_stages_shard_what_they_say(a100):
+    dp = 8
+    cfgs = [StageConfig(dp=dp, zero=z, micro_batch=1) for z in range(4)]
+    mem = costs_of(ModelSlice(LLAMA2_13B, 8), a100, cfgs).memory
+    assert np.all(np.diff(mem.total) < 0)
+    assert mem.optimizer[1] == pytest.approx(mem.optimizer[0] / dp)
+    assert mem.grads[1] == mem.grads[0] and mem.grads[2] == pytest.approx(mem.grads[0] / dp)
+    assert mem.params[2] == mem.params[0]
+    # ZeRO-3 shards the weights but keeps two gathered layers as a prefetch buffer.
+    per_layer = 2 * LLAMA2_13B.params_per_layer
+    assert mem.params[3] == pytest.approx(mem.params[0] / dp + 2 * per_layer)
+
+
+def test_experts_are_divided_by_ep(catalog):
+    island = Island.homogeneous("h", catalog["H100-SXM-80GB"], 8)
+    cfgs = [StageConfig(dp=8, ep=e, micro_batch=8) for e in (1, 2, 4, 8)]
+    mem = costs_of(ModelSlice(MOE, 4), island, cfgs).memory
+    dense = MOE.params_per_layer - MOE.experts * MOE.expert_params
+    expected = [2 * 4 * (dense + MOE.experts * MOE.expert_params / e) for e in (1, 2, 4, 8)]
+    assert mem.params == pytest.approx(expected)
+
+
+def test_offload_moves_in_flight_activations_to_host(a100):
+    cfgs = [StageConfig(tp=8, micro_batch=1, offload=o) for o in (False, True)]
+    c = costs_of(ModelSlice(LLAMA2_13B, 4), a100, cfgs, pipe=PipelineSetting(8, 4))
+    assert c.memory.activations[1] == pytest.approx(c.memory.activations[0] / 4)
+    assert c.host_bytes[1] == pytest.approx(c.memory.activations[0] * 3 / 4)
+    assert c.latency_s[1] >= c.latency_s[0]
+
+
+def random_configs(rng, n):
+    out = []
+    for _ in range(n):
+        tp, cp, pp = (int(rng.choice(v)) for v in ([1, 2, 4, 8], [1, 2], [1, 2, 3, 4]))
+        dp = int(rng.choice([1, 2, 4]))
+        out.append(StageConfig(tp=tp, cp=cp, ep=int(rng.choice([e for e in (1, 2) if (dp * cp) % e == 0])),
+                               pp=pp, dp=dp, zero=int(rng.integers(0, 4)),
+                               recompute=Recompute(rng.choice(["none", "selective", "full"])),
+                               offload=bool(rng.integers(0, 2)), micro_batch=int(rng.integers(1, 5))))
+    return out
+
+
+@pytest.mark.parametrize("schedule", list(Schedule))
+def test_vectorized_equals_scalar(catalog, schedule):
+    rng = np.random.default_rng(0)
+    island = Island.homogeneous("h", catalog["H100-SXM-80GB"], 32)
+    slc = ModelSlice(MOE, 7, True, True)
+    configs = random_configs(rng, 40)
+    pipe = PipelineSetting(8, 2, schedule, 2)
+    together = costs_of(slc, island, configs, pipe=pipe)
+    assert np.all(np.isfinite(together.latency_s)) and np.all(together.latency_s > 0)
+    assert np.all(together.iteration_s >= 0) and np.all(together.memory.total > 0)
+    for i, cfg in enumerate(configs):
+        alone = costs_of(slc, island, [cfg], pipe=pipe)
+        assert alone.latency_s[0] == pytest.approx(together.latency_s[i], rel=1e-12)
+        assert alone.memory.total[0] == pytest.approx(together.memory.total[i], rel=1e-12)
+        assert alone.iteration_s[0] == pytest.approx(together.iteration_s[i], rel=1e-12)
+    subs = substage_latencies(slc, island, 4096, ConfigArrays.of(configs), pipe, CALIB)
+    for i, cfg in enumerate(configs):
+        assert len(subs[i]) == cfg.pp
+        assert max(subs[i]) == pytest.approx(together.latency_s[i], rel=1e-12)
+
+
+def test_layer_split_and_in_flight():
+    assert list(substage_layers(10, 4)) == [2, 3, 3, 2]
+    assert list(substage_layers(11, 4)) == [3, 3, 3, 2]
+    assert list(substage_layers(5, 1)) == [5]
+    first, second, last = split_layers(11, np.array([1, 2, 4]))
+    assert list(first) == [11, 6, 3] and list(last) == [11, 5, 2] and second[2] == 3
+    pipe = PipelineSetting(n_micro=3, in_flight=1)
+    assert list(in_flight_of(pipe, np.full(4, 4), np.arange(4))) == [3, 3, 2, 1]
+    inter = dataclasses.replace(pipe, n_micro=16, schedule=Schedule.INTERLEAVED, virtual_stages=2)
+    assert in_flight_of(inter, np.array([4]), np.array([0]))[0] == pytest.approx(
+        4 * (1 + 3 / 8))
+    assert math.isclose(in_flight_of(dataclasses.replace(pipe, schedule=Schedule.GPIPE),
+                                     np.array([4]), np.array([3]))[0], 3)

@@ -10,7 +10,7 @@ at most ``t_merge``. ``formulations.island_merge`` solves the phase-2 decision e
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import networkx as nx
 
@@ -227,3 +227,23 @@ def whole_cluster(cluster: ClusterSpec) -> IslandSet:
     nodes = tuple(sorted(cluster.nodes, key=node_key))
     island = Island(f"all-{Island('', nodes).gpu.name}", nodes)
     return IslandSet((island,), (island,), ())
+
+
+def weakest_node(island: Island) -> Node:
+    """One node with the island's effective (weakest-member) figures.
+
+    Every node of an island is planned at these values, so any group of its nodes can run any
+    partial plan made for a group of that size (the seed note, Algorithm 1).
+    """
+    nvlinks = [n.gpu.nvlink_gbs for n in island.nodes]
+    gpu = replace(island.gpu, bf16_tflops=island.tflops_per_gpu, hbm_gb=island.hbm_gb,
+                  hbm_bw_gbs=island.hbm_bw_gbs, nvlink_gbs=min(nvlinks),
+                  pcie_gbs=island.pcie_gbs, nic_gbits=island.nic_gbits)
+    return Node(f"{island.name}-weakest", gpu, island.gpus_per_node, island.nic_gbits, 1.0)
+
+
+def group_island(island: Island, nodes: int) -> Island:
+    """``nodes`` nodes of ``island`` at its effective figures: what a stage group is planned on."""
+    node = weakest_node(island)
+    return Island(f"{island.name}", tuple(replace(node, node_id=f"{island.name}-g{i}")
+                                          for i in range(nodes)))

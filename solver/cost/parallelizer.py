@@ -167,6 +167,9 @@ class PartialPlan:
         ``(tp, cp, dp)`` of the activations at the stage boundary.
     stage_latencies : tuple[float, ...]
         Latency of each internal sub-stage, in order (one entry when ``pp == 1``).
+    max_in_flight : int
+        Most micro-batches in flight the plan holds in memory (:meth:`plan_stages` only;
+        0 where not computed).
     """
 
     config: StageConfig
@@ -178,6 +181,7 @@ class PartialPlan:
     memory: MemoryBreakdown
     layout: tuple[int, int, int]
     stage_latencies: tuple[float, ...]
+    max_in_flight: int = 0
 
 
 class Parallelizer(Protocol):
@@ -331,6 +335,12 @@ class AnalyticParallelizer:
             out[i].append(plan)
         return out
 
+    def plan_stages(self, model: ModelSpec, lengths: list[int], has_embedding: bool,
+                    has_head: bool, island: Island, context: PlanContext) -> list:
+        """Options of one pipeline stage for every length (:func:`solver.cost.stage_options.plan_stages`)."""
+        from solver.cost.stage_options import plan_stages
+        return plan_stages(self, model, lengths, has_embedding, has_head, island, context)
+
 
 @dataclass(frozen=True)
 class _SliceBatch:
@@ -349,7 +359,7 @@ def _column(values, index: np.ndarray, n: int) -> list:
 
 
 def _plans(cfg: ConfigArrays, costs: StageCosts, index: np.ndarray,
-           subs: list[tuple[float, ...]]) -> list[PartialPlan]:
+           subs: list[tuple[float, ...]], caps: list[int] | None = None) -> list[PartialPlan]:
     """PartialPlans of the configurations at ``index``; columns are extracted once (a plan call
     returns about a hundred Pareto points, and per-element NumPy access dominated its time)."""
     n = len(cfg)
@@ -369,7 +379,8 @@ def _plans(cfg: ConfigArrays, costs: StageCosts, index: np.ndarray,
         breakdown = MemoryBreakdown(gb["params"][k], gb["grads"][k], gb["optimizer"][k],
                                     gb["activations"][k])
         out.append(PartialPlan(config, lat[k], fwd[k], bwd[k], it[k], total[k], breakdown,
-                               (config.tp, config.cp, config.dp), subs[k]))
+                               (config.tp, config.cp, config.dp), subs[k],
+                               caps[k] if caps is not None else 0))
     return out
 
 

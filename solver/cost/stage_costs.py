@@ -268,6 +268,13 @@ def stage_costs(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays
     """
     ti = _time_inputs(slc.model, island, seq_len, calib)
     pp = np.asarray(cfg.pp)
+    if not np.any(pp > 1):  # one sub-stage: no representatives to combine
+        one = substage_costs(ti, cfg, np.asarray(slc.layers), np.asarray(slc.has_embedding),
+                             np.asarray(slc.has_head), in_flight_of(pipe, pp, np.zeros_like(pp)),
+                             _p2p_factor(pipe))
+        one = one.where(np.ones(len(cfg), dtype=bool), one)  # every field as long as cfg
+        return StageCosts(one.fwd, one.bwd, one.latency, one.dp_s, one.optimizer_s, one.memory,
+                          one.memory.host)
     first, second, last = split_layers(slc.layers, pp)
     only = pp == 1
     factor = _p2p_factor(pipe)
@@ -298,6 +305,32 @@ def _combine(reps: list[tuple[SubStageCosts, np.ndarray]]) -> StageCosts:
     host = _pick(reps, lambda r: r.memory.host).memory.host
     return StageCosts(slow.fwd, slow.bwd, slow.latency, sync.dp_s, sync.optimizer_s, heavy.memory,
                       host)
+
+
+def in_flight_capacity(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays,
+                       costs: StageCosts, n_micro: int, epsilon: float,
+                       calib: Calibration = DEFAULT_CALIBRATION) -> np.ndarray:
+    """Most micro-batches in flight each single-sub-stage (``pp = 1``) configuration can hold
+    within ``(1 − ε)·HBM`` and the host offload budget, capped at ``n_micro`` (0: never fits).
+
+    ``costs`` are the configurations' costs at one micro-batch in flight. Memory is affine in the
+    in-flight count (activations scale with it, offload keeps ``offload_resident`` in HBM and
+    the rest on the host), so two evaluations give it exactly: ``m(h) = m(1) + (h − 1)·Δ``.
+    """
+    flash = calib.attention is AttentionKernel.FLASH
+    two = substage_memory(slc.model, seq_len, cfg, np.asarray(slc.layers),
+                          np.asarray(slc.has_embedding), np.asarray(slc.has_head), np.asarray(2.0),
+                          calib.offload_resident, flash)
+    hbm_limit = (1.0 - epsilon) * island.hbm_gb * 1e9
+    host_limit = calib.host_offload_gb * 1e9
+    out = np.full(np.shape(costs.memory.total), float(n_micro))
+    for one, slope, limit in ((costs.memory.total, two.total - costs.memory.total, hbm_limit),
+                              (costs.host_bytes, two.host - costs.host_bytes, host_limit)):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            extra = np.where(slope > 0, np.floor((limit - one) / np.where(slope > 0, slope, 1.0)),
+                             np.inf)
+        out = np.minimum(out, np.where(one <= limit, 1.0 + extra, 0.0))
+    return np.clip(out, 0, n_micro).astype(np.int64)
 
 
 def substage_latencies(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays,

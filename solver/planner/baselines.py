@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import time
+from dataclasses import replace
 
 from solver.compose.table import Position
 from solver.cost.parallelizer import AnalyticParallelizer, PlanContext, best_plan
@@ -43,9 +44,9 @@ def plan_baseline(job: JobSpec, kind: Baseline, features: FeaturePreset | None =
     """Plan ``job`` with a baseline (validated)."""
     if kind is Baseline.RESTRICTED:
         plan = plan_auto(job, PlannerConfig(features=features or FeaturePreset.METIS))
-        return Plan(plan.job, plan.islands, plan.stages, plan.links, plan.n_micro, plan.overlap,
-                    SolverInfo("restricted", plan.solver.optimal, plan.solver.time_s,
-                               plan.solver.parallelizer_calls))
+        return replace(plan, solver=SolverInfo("restricted", plan.solver.optimal,
+                                               plan.solver.time_s,
+                                               plan.solver.parallelizer_calls))
     return _oblivious(job, features or FeaturePreset.FULL)
 
 

@@ -1,103 +1,114 @@
-"""Candidate generation: the parallelizer's partial plans arranged into latency tables.
+"""Candidate generation: the parallelizer's partial plans arranged into a stage table.
 
-For each island, slice length and position the parallelizer returns a Pareto set; the fastest
-plan (ties: less per-iteration time, then less memory) becomes the table entry. Because 1F1B
-memory depends on where a stage sits, an entry is also keyed by the number of micro-batches in
-flight: a stage with ``d`` stages after it holds ``min(d + 1, n)`` of them (Narayanan et al.,
-SC'21). The planner composes one table per pipeline depth ``P``: there the first stage has
-``d = P − 1`` and the last ``d = 0``; middle stages are checked at ``d = P − 2``, the deepest
-middle position, which is exact for ``P ≤ 3`` and conservative (never over memory) beyond.
+For every island, every group size (nodes) that admits a valid layout, every position (first /
+middle / last / only) and every slice length the pruning rules let through, the homogeneous
+parallelizer returns its options: latency, per-iteration time and the most micro-batches in
+flight that fit in memory (:meth:`~solver.cost.parallelizer.AnalyticParallelizer.plan_stages`).
+Composition then places each stage where its in-flight count is exact (stage ``i`` of ``P``
+holds ``min(P − i, n)``), so no entry is sized for a guessed position.
 
-An entry keeps every plan of the parallelizer's Pareto set that is not beaten in both latency
-and per-iteration time (a "staircase"); composition at a cap ``v`` on the per-iteration time uses,
-per entry, the fastest plan within the cap, which keeps the end-to-end objective exact over the
-whole Pareto set. A single-stage plan (position ONLY) may pipeline inside its island (``pp > 1``):
-its entry is the effective per-micro-batch time ``((n − 1)·max τ_j + Σ τ_j) / n`` of its
-sub-stages, which makes ``n · τ`` equal to its pipeline time exactly.
+A group is planned at its island's effective (weakest-member) figures
+(:func:`solver.islands.group_island`): any ``g`` nodes of the island can run it. On islands of
+more than :data:`MAX_GROUP_UNITS` nodes, group sizes are multiples of a granule (a power of two),
+which bounds the composition's node dimension; the idle remainder is reported with the plan.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
-from solver.compose.table import LatencyTable, Position, slice_position
-from solver.cost.parallelizer import Parallelizer, PartialPlan, PlanContext
+import numpy as np
+
+from solver.compose.stage_table import UNLIMITED, IslandSlots, Options, StageTable
+from solver.compose.table import Position
+from solver.cost.parallelizer import (FeatureSet, Parallelizer, PartialPlan, PlanContext,
+                                      _layouts)
 from solver.cost.stage import ModelSlice
-from solver.planner.pruning import dedupe_slices
+from solver.islands import group_island
 from solver.spec.domain import Island, ModelSpec
+
+MAX_GROUP_UNITS = 64  # node granules per island in the composition
 
 
 @dataclass(frozen=True)
-class CandidateKey:
-    """What a table entry depends on.
+class EntryKey:
+    """What a group of options depends on besides the planning context.
 
     Attributes
     ----------
-    island : str
-        Island name.
-    length : int
-        Layers in the slice.
+    island : tuple
+        The group's figures (:attr:`~solver.spec.domain.Island.signature` and its host link):
+        groups of equal figures share their options, whichever island or view they belong to.
+    nodes : int
+        Nodes in the stage's group.
     position : Position
         First / middle / last / only.
-    in_flight : int
-        Micro-batches of activations held (1F1B).
+    length : int
+        Layers in the slice.
     """
 
-    island: str
-    length: int
+    island: tuple
+    nodes: int
     position: Position
-    in_flight: int
+    length: int
 
 
-def after_for(position: Position, depth: int) -> int | None:
-    """Stages after a slice at ``position`` in a pipeline of ``depth`` stages (None: impossible)."""
+def granule(nodes: int) -> int:
+    """Group sizes of an island of ``nodes`` nodes are multiples of this power of two."""
+    g = 1
+    while nodes > MAX_GROUP_UNITS * g:
+        g *= 2
+    return g
+
+
+def position_lengths(position: Position, layers: int) -> range:
+    """Slice lengths a stage at ``position`` can hold (the rest needs >= 1 layer per stage)."""
     if position is Position.ONLY:
-        return 0 if depth == 1 else None
-    if position is Position.FIRST:
-        return depth - 1 if depth >= 2 else None
-    if position is Position.LAST:
-        return 0 if depth >= 2 else None
-    return depth - 2 if depth >= 3 else None
+        return range(layers, layers + 1)
+    if position is Position.MIDDLE:
+        return range(1, layers - 1)
+    return range(1, layers)
 
 
-MAX_INTERNAL_PP = 16
-
-
-@dataclass(frozen=True)
-class Option:
-    """One plan of an entry: its table latency (effective for internal pipelines) and plan."""
-
-    latency: float
-    iteration: float
-    plan: PartialPlan
-
-
-def effective_latency(plan: PartialPlan, n_micro: int) -> float:
-    """Per-micro-batch time whose ``n``-fold is the plan's pipeline time (exact for pp = 1)."""
-    subs = plan.stage_latencies
-    return ((n_micro - 1) * max(subs) + sum(subs)) / n_micro
-
-
-def staircase(plans: list[PartialPlan], n_micro: int) -> tuple[Option, ...]:
-    """Plans not beaten in both latency and per-iteration time, by increasing latency
-    (ties: less memory first)."""
-    opts = sorted((Option(effective_latency(p, n_micro), p.iteration_s, p) for p in plans),
-                  key=lambda o: (o.latency, o.iteration, o.plan.memory_gb))
-    out: list[Option] = []
-    for o in opts:
-        if not out or o.iteration < out[-1].iteration:
-            out.append(o)
+def group_sizes(model: ModelSpec, island: Island, context: PlanContext,
+                features: FeatureSet) -> tuple[int, ...]:
+    """Node counts for which some layout exists (tp inside a node, ``dp`` dividing the
+    micro-batch, cp and ep as the features allow), multiples of the island's granule."""
+    step = granule(len(island.nodes))
+    out = []
+    for g in range(step, len(island.nodes) + 1, step):
+        grp = group_island(island, g)
+        if _layouts(ModelSlice(model, 1), grp, context, features):
+            out.append(g)
     return tuple(out)
 
 
-def best_within(options: tuple[Option, ...], cap: float) -> Option | None:
-    """The fastest option whose per-iteration time is within ``cap``."""
-    return next((o for o in options if o.iteration <= cap), None)
+def stage_options(parallelizer: Parallelizer, model: ModelSpec, lengths: list[int],
+                  has_embedding: bool, has_head: bool, group: Island,
+                  context: PlanContext) -> list[list[PartialPlan]]:
+    """Options per length from ``parallelizer``: its ``plan_stages`` when it has one, else one
+    ``plan`` per length and in-flight count (a plan's capacity is the largest count it is
+    returned for)."""
+    batch = getattr(parallelizer, "plan_stages", None)
+    if batch is not None:
+        return batch(model, lengths, has_embedding, has_head, group, context)
+    out = []
+    for length in lengths:
+        slc = ModelSlice(model, length, has_embedding, has_head)
+        seen: dict = {}
+        for h in range(1, context.n_micro + 1):
+            ctx = replace(context, in_flight=h, max_pp=1)
+            for p in parallelizer.plan(slc, group, ctx):
+                key = (p.config, p.latency_s, p.iteration_s)
+                seen[key] = replace(p, max_in_flight=h)
+        out.append(sorted(seen.values(), key=lambda p: (p.latency_s, p.iteration_s)))
+    return out
 
 
 @dataclass
-class CandidateCache:
-    """Calls the parallelizer at most once per (key, slice) and counts the calls.
+class GroupCache:
+    """Calls the parallelizer at most once per entry and counts the calls.
 
     Attributes
     ----------
@@ -108,11 +119,15 @@ class CandidateCache:
     parallelizer : Parallelizer
         The homogeneous parallelizer.
     context : PlanContext
-        Fixed context; ``in_flight`` is replaced per key.
+        Sequence, micro-batch, n_micro, ε, features.
     dedupe : bool
-        Rule 1: plan one slice per (length, position) instead of every ``(a, b)``.
+        Rule 1: plan one slice per (length, position) instead of every ``[a, b)``.
     calls : int
-        Parallelizer calls made so far.
+        Slices planned so far (one call per slice, as the paper counts them).
+    mismatches : int
+        Slices of one length and position that got different options (rule 1's claim says 0).
+    entries : dict[EntryKey, tuple[PartialPlan, ...]]
+        The planned entries.
     """
 
     model: ModelSpec
@@ -122,145 +137,144 @@ class CandidateCache:
     dedupe: bool = True
     calls: int = 0
     mismatches: int = 0
-    entries: dict[CandidateKey, tuple[Option, ...]] = field(default_factory=dict)
+    entries: dict[EntryKey, tuple[PartialPlan, ...]] = field(default_factory=dict)
 
-    def get(self, key: CandidateKey) -> tuple[Option, ...]:
-        """The entry's options (empty when nothing fits), planning it if needed."""
-        if key not in self.entries:
-            self.entries[key] = self._plan(key)
-        return self.entries[key]
-
-    def prefetch(self, keys: list[CandidateKey]) -> None:
-        """Plan many entries of one (island, position, in-flight) together when the parallelizer
-        can batch slices (``plan_many``); counts one call per slice planned.
-
-        With rule 1 each length is planned once. Without it every slice ``[a, b)`` is planned:
-        one batch per start layer ``a``, and every slice must give its length's plan (rule 1's
-        claim, counted in ``mismatches``).
-        """
-        todo = [k for k in keys if k not in self.entries]
-        batch = getattr(self.parallelizer, "plan_many", None)
-        if not todo or batch is None or todo[0].position is Position.ONLY:
+    def fetch(self, island: str, nodes: int, position: Position, lengths: list[int]) -> None:
+        """Plan the entries of ``lengths`` not planned yet (one batched call per start layer)."""
+        sig = _signature(self.islands[island], nodes)
+        todo = [d for d in lengths if EntryKey(sig, nodes, position, d) not in self.entries]
+        if not todo:
             return
-        head, L = todo[0], self.model.layers
-        ctx = PlanContext(**{**self.context.__dict__, "in_flight": head.in_flight, "max_pp": 1})
-        island, first = self.islands[head.island], head.position is Position.FIRST
-        last = head.position is Position.LAST
-        # First and last slices are unique per length; middle ones repeat for every start.
-        starts = [None] if self.dedupe or first or last else range(1, L - 1)
+        big_l = self.model.layers
+        first = position in (Position.FIRST, Position.ONLY)
+        last = position in (Position.LAST, Position.ONLY)
+        group = group_island(self.islands[island], nodes)
+        starts = [None] if self.dedupe or position is not Position.MIDDLE else range(1, big_l - 1)
         for a in starts:
-            group = [k for k in todo if a is None or a + k.length <= L - 1]
-            if not group:
+            batch = [d for d in todo if a is None or a + d <= big_l - 1]
+            if not batch:
                 continue
-            results = batch(self.model, [k.length for k in group], first, last, island, ctx)
-            self.calls += len(group)
-            for key, plans in zip(group, results):
-                options = staircase(plans, self.context.n_micro)
+            found = stage_options(self.parallelizer, self.model, batch, first, last, group,
+                                  self.context)
+            self.calls += len(batch)
+            for d, plans in zip(batch, found):
+                key = EntryKey(sig, nodes, position, d)
+                plans = plans if hasattr(plans, "latency") else tuple(plans)
                 if key in self.entries:
-                    self.mismatches += options != self.entries[key]
+                    self.mismatches += plans != self.entries[key]
                 else:
-                    self.entries[key] = options
+                    self.entries[key] = plans
 
-    def _plan(self, key: CandidateKey) -> tuple[Option, ...]:
-        L = self.model.layers
-        slices = [(a, b) for a, b in dedupe_slices(L, key.length, self.dedupe)
-                  if slice_position(a, b, L) is key.position]
-        # Only a single-stage plan pipelines inside its island (see the module docstring).
-        max_pp = min(MAX_INTERNAL_PP, L) if key.position is Position.ONLY else 1
-        ctx = PlanContext(**{**self.context.__dict__, "in_flight": key.in_flight,
-                             "max_pp": max_pp})
-        results = []
-        for a, b in slices:
-            slc = ModelSlice(self.model, key.length, a == 0, b == L)
-            plans = self.parallelizer.plan(slc, self.islands[key.island], ctx)
-            results.append(staircase(plans, self.context.n_micro))
-            self.calls += 1
-        # Rule 1's claim, checked whenever it is off: every slice of one length and position
-        # gets the same plan.
-        self.mismatches += sum(1 for r in results[1:] if r != results[0])
-        return results[0] if results else ()
+    def get(self, island: str, nodes: int, position: Position, length: int):
+        """The options of one planned entry."""
+        return self.entries[EntryKey(_signature(self.islands[island], nodes), nodes, position,
+                                     length)]
+
+
+@lru_cache(maxsize=4096)
+def _signature(island: Island, nodes: int) -> tuple:
+    group = group_island(island, nodes)
+    return group.signature + (group.pcie_gbs,)
 
 
 @dataclass(frozen=True)
 class TableSpec:
-    """Which entries a depth-``P`` table needs and which the rules let through.
+    """Which entries the rules let through.
 
     Attributes
     ----------
-    depth : int
-        Pipeline depth ``P`` (stages).
-    windows : dict[str, tuple[int, int]]
-        Allowed lengths per island (rule 2 or its safe variant); absent = all.
-    caps : dict[tuple[str, Position], int]
-        Longest length per island and position (rule 3); absent = all.
+    windows : dict[tuple[str, int], tuple[int, int]]
+        (island, group nodes) → allowed stage lengths (rule 2 or its safe variant).
+    caps : dict[tuple[str, int, Position], int]
+        (island, group nodes, position) → longest slice whose state can fit (rule 3).
     """
 
-    depth: int
-    windows: dict[str, tuple[int, int]]
-    caps: dict[tuple[str, Position], int]
+    windows: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    caps: dict[tuple[str, int, Position], int] = field(default_factory=dict)
 
-    def allowed(self, island: str, length: int, position: Position) -> bool:
-        """Whether the rules let the parallelizer plan this entry."""
-        lo, hi = self.windows.get(island, (1, length))
-        return lo <= length <= hi and length <= self.caps.get((island, position), length)
+    def lengths(self, island: str, nodes: int, position: Position, layers: int) -> list[int]:
+        """Lengths of an entry the rules allow."""
+        lo, hi = self.windows.get((island, nodes), (1, layers))
+        cap = self.caps.get((island, nodes, position), layers)
+        return [d for d in position_lengths(position, layers) if lo <= d <= min(hi, cap)]
 
 
 @dataclass(frozen=True)
-class DepthTable:
-    """The entries of a depth-``P`` table as option lists.
+class CandidateTable:
+    """A stage table and the partial plans behind its options.
 
     Attributes
     ----------
-    depth : int
-        Pipeline depth ``P``.
-    options : dict[tuple[str, Position, int], tuple[Option, ...]]
-        Non-empty option lists keyed by (island, position, length).
+    table : StageTable
+        What composition sees.
+    islands : tuple[Island, ...]
+        The islands of the table, in its index order.
+    plans : dict[tuple[int, int, Position], dict[int, tuple[PartialPlan, ...]]]
+        ``(island index, nodes, position)`` → length → the options' plans, in column order.
+    unusable : dict[str, str]
+        Islands left out of the table and why.
     """
 
-    depth: int
-    options: dict[tuple[str, Position, int], tuple[Option, ...]]
-
-    def iteration_values(self) -> list[float]:
-        """Distinct per-iteration times of all options, ascending."""
-        return sorted({o.iteration for opts in self.options.values() for o in opts})
-
-    def at(self, cache: "CandidateCache", cap: float, links: dict[tuple[str, str], float]
-           ) -> tuple[LatencyTable, dict[tuple[str, Position, int], Option]]:
-        """The latency table using, per entry, the fastest option within ``cap``."""
-        L = cache.model.layers
-        chosen = {k: o for k, opts in self.options.items()
-                  if (o := best_within(opts, cap)) is not None}
-        latency = {name: {pos.value: [chosen[(name, pos, n)].latency if (name, pos, n) in chosen
-                                      else None for n in range(1, L + 1)] for pos in Position}
-                   for name in cache.islands}
-        table = LatencyTable(L, cache.context.n_micro, tuple(cache.islands), latency,
-                             {k: v for k, v in links.items() if v > 0})
-        return table, chosen
+    table: StageTable
+    islands: tuple[Island, ...]
+    plans: dict
+    unusable: dict[str, str]
 
 
-def build_table(cache: CandidateCache, spec: TableSpec) -> DepthTable:
-    """Plan (or look up) every entry the depth-``P`` table needs and the rules allow."""
-    L, n = cache.model.layers, cache.context.n_micro
-    options = {}
-    for name in cache.islands:
-        for pos in Position:
-            after = after_for(pos, spec.depth)
-            if after is None:
-                continue
-            keys = [CandidateKey(name, length, pos, min(after + 1, n))
-                    for length in range(1, L + 1)
-                    if _fits_position(pos, length, L) and spec.allowed(name, length, pos)]
-            cache.prefetch(keys)
-            for key in keys:
-                opts = cache.get(key)
-                if opts:
-                    options[(name, pos, key.length)] = opts
-    return DepthTable(spec.depth, options)
+def build_stage_table(cache: GroupCache, spec: TableSpec, link_rate: np.ndarray,
+                      order: tuple[str, ...], features: FeatureSet) -> CandidateTable | None:
+    """Plan every entry ``spec`` allows and arrange the options (None: no island is usable).
+
+    ``link_rate`` is indexed like ``order`` (the islands' names).
+    """
+    big_l, n = cache.model.layers, cache.context.n_micro
+    slots, options, plans, kept, unusable = [], {}, {}, [], {}
+    for name in order:
+        island = cache.islands[name]
+        sizes = group_sizes(cache.model, island, cache.context, features)
+        k, used = len(slots), []
+        for g in sizes:
+            for pos in Position:
+                lengths = spec.lengths(name, g, pos, big_l)
+                cache.fetch(name, g, pos, lengths)
+                rows = {d: cache.get(name, g, pos, d) for d in lengths}
+                rows = {d: p for d, p in rows.items() if p}
+                if rows:
+                    options[(k, g, pos)] = _options(big_l, rows, n)
+                    plans[(k, g, pos)] = rows
+                    used.append(g)
+        groups = tuple(sorted(set(used)))
+        if not groups:
+            unusable[name] = ("no group of its nodes admits a layout that fits"
+                              if sizes else "no layout divides the micro-batch")
+            options = {key: v for key, v in options.items() if key[0] != k}
+            plans = {key: v for key, v in plans.items() if key[0] != k}
+            continue
+        slots.append(IslandSlots(name, len(island.nodes), island.gpus_per_node, groups))
+        kept.append(order.index(name))
+    if not slots:
+        return None
+    rate = link_rate[np.ix_(kept, kept)]
+    table = StageTable(big_l, n, tuple(slots), options, rate)
+    return CandidateTable(table, tuple(cache.islands[order[i]] for i in kept), plans, unusable)
 
 
-def _fits_position(pos: Position, length: int, layers: int) -> bool:
-    if pos is Position.ONLY:
-        return length == layers
-    if pos is Position.MIDDLE:
-        return length <= layers - 2
-    return length <= layers - 1
+def _columns(plans) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(latency, iteration, capacity) of options: arrays of a StageOptions, or read from plans."""
+    if hasattr(plans, "latency"):
+        return plans.latency, plans.iteration, plans.capacity
+    return (np.array([p.latency_s for p in plans]), np.array([p.iteration_s for p in plans]),
+            np.array([p.max_in_flight for p in plans], dtype=np.int64))
+
+
+def _options(layers: int, rows: dict, n_micro: int) -> Options:
+    """The option arrays of one (island, group, position); capacity >= n means unlimited."""
+    width = max(len(v) for v in rows.values())
+    lat = np.full((layers + 1, width), np.inf)
+    it = np.zeros((layers + 1, width))
+    cap = np.zeros((layers + 1, width), dtype=np.int64)
+    for d, plans in rows.items():
+        a, b, c = _columns(plans)
+        lat[d, :a.size], it[d, :a.size] = a, b
+        cap[d, :a.size] = np.where(c >= n_micro, UNLIMITED, c)
+    return Options(lat, it, cap)

@@ -120,11 +120,7 @@ def sweep(job: JobSpec, config: PlannerConfig = PlannerConfig(),
 
 
 def plan_auto(job: JobSpec, config: PlannerConfig = PlannerConfig(), workers: int = 1) -> Plan:
-    """``plan_job`` at the job's n_micro, or the best of :func:`sweep` for ``"auto"``."""
-    if job.training.n_micro is not None:
-        return plan_job(job, config)
-    result = sweep(job, config, workers=workers)
-    if result.best is None:
-        reasons = [p.reason for p in result.points if p.reason]
-        raise InfeasibleError(reasons[-1] if reasons else "no n_micro divides the global batch")
-    return result.best.plan
+    """``plan_job`` at the job's n_micro, or searched over n_micro when it is ``"auto"``
+    (``plan_job`` searches it itself; ``workers`` is kept for callers and unused)."""
+    del workers
+    return plan_job(job, config)

@@ -19,8 +19,8 @@ from typing import Any, Sequence
 
 from solver.compose.table import Position
 from solver.cost.parallelizer import PartialPlan
-from solver.islands import IslandSet
-from solver.spec.domain import Island, JobSpec
+from solver.islands import IslandSet, group_island
+from solver.spec.domain import Island, JobSpec, Node
 
 
 def cycle_time(taus: Sequence[float], links: Sequence[float], n_micro: int,
@@ -40,12 +40,12 @@ def bubble_ratio(taus: Sequence[float], t_pipe: float, n_micro: int) -> float:
 
 @dataclass(frozen=True)
 class StagePlan:
-    """One pipeline stage: an island running layers ``[start, end)`` with a partial plan.
+    """One pipeline stage: a group of nodes of an island running layers ``[start, end)``.
 
     Attributes
     ----------
     island : Island
-        The island.
+        The island the group belongs to.
     start, end : int
         Half-open layer range.
     position : Position
@@ -53,7 +53,9 @@ class StagePlan:
     in_flight : int
         Micro-batches of activations the plan was sized for (1F1B, by position).
     plan : PartialPlan
-        Configuration, latency and memory.
+        Configuration, latency and memory (at ``in_flight``).
+    nodes : tuple[Node, ...]
+        The group's nodes; empty means the whole island (a stage of a baseline plan).
     """
 
     island: Island
@@ -62,6 +64,23 @@ class StagePlan:
     position: Position
     in_flight: int
     plan: PartialPlan
+    nodes: tuple[Node, ...] = ()
+
+    @property
+    def group(self) -> Island:
+        """The GPUs the stage is planned on: ``len(nodes)`` nodes at the island's effective
+        figures (the whole island when ``nodes`` is empty)."""
+        return group_island(self.island, len(self.nodes)) if self.nodes else self.island
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of the stage."""
+        return self.group.gpus
+
+    @property
+    def node_ids(self) -> list[str]:
+        """Ids of the stage's nodes."""
+        return [n.node_id for n in (self.nodes or self.island.nodes)]
 
 
 @dataclass(frozen=True)
@@ -110,6 +129,11 @@ class Plan:
         Whether transfers were counted as overlapped (eq. 9).
     solver : SolverInfo
         How it was found.
+    idle : tuple[tuple[str, str], ...]
+        Nodes no stage uses, as ``(node id, reason)``.
+    view : str
+        ``"islands"`` (Algorithm 1) or ``"whole cluster"`` (every node at the weakest one's
+        figures: the view of a heterogeneity-oblivious planner, which the planner also tries).
     """
 
     job: JobSpec
@@ -119,6 +143,8 @@ class Plan:
     n_micro: int
     overlap: bool
     solver: SolverInfo
+    idle: tuple[tuple[str, str], ...] = ()
+    view: str = "islands"
 
     @property
     def taus(self) -> list[float]:
@@ -168,8 +194,8 @@ def plan_json(plan: Plan, islands_payload: list[dict[str, Any]]) -> dict[str, An
     for s in plan.stages:
         c = s.plan.config
         stages.append({
-            "island": s.island.name, "gpu": s.island.gpu.name, "gpus": s.island.gpus,
-            "layers": [s.start, s.end], "tp": c.tp, "cp": c.cp, "ep": c.ep, "pp": c.pp,
+            "island": s.island.name, "gpu": s.island.gpu.name, "gpus": s.gpus,
+            "nodes": s.node_ids, "layers": [s.start, s.end], "tp": c.tp, "cp": c.cp, "ep": c.ep, "pp": c.pp,
             "dp": c.dp, "zero": c.zero, "recompute": c.recompute.value, "offload": c.offload,
             "latency_s": _r(s.plan.latency_s), "memory_gb": _r(s.plan.memory_gb)})
     info = plan.solver
@@ -183,7 +209,9 @@ def plan_json(plan: Plan, islands_payload: list[dict[str, Any]]) -> dict[str, An
                           "tokens_per_s": _r(plan.tokens_per_s),
                           "bubble_ratio": _r(plan.bubble_ratio),
                           "n_micro": plan.n_micro},
-            "islands": islands_payload, "stages": stages, "solver": solver}
+            "islands": islands_payload, "stages": stages, "solver": solver,
+            "view": plan.view,
+            "idle_nodes": [{"node": node, "reason": why} for node, why in plan.idle]}
 
 
 def _r(x: float, digits: int = 9) -> float:

@@ -41,16 +41,17 @@ from solver.cost.parallelizer import (
     PlanContext,
 )
 from solver.cost.stage import ModelSlice, StageConfig
-from solver.spec.domain import Island, Recompute
+from solver.spec.domain import Island, ModelSpec, Recompute
 
 #: Version of the entry format and of the key's meaning; bump when either changes.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 #: Version of the cost model's semantics, bumped by hand when results change for the same inputs
 #: in a way the code fingerprint below cannot see (e.g. a new data file the model reads).
 COST_MODEL_VERSION = 1
 #: Modules whose source decides a partial plan; their text is hashed into every key.
 COST_MODEL_MODULES = ("solver.cost.parallelizer", "solver.cost.stage_costs", "solver.cost.timing",
-                      "solver.cost.memory", "solver.cost.efficiency", "solver.cost.stage")
+                      "solver.cost.memory", "solver.cost.efficiency", "solver.cost.stage",
+                      "solver.cost.stage_options")
 
 
 def default_cache_dir() -> Path:
@@ -142,7 +143,7 @@ def cache_key(slc: ModelSlice, island: Island, ctx: PlanContext, identity: str,
 PLAN_COLUMNS = ("tp", "cp", "ep", "pp", "dp", "zero", "recompute", "offload", "micro_batch",
                 "latency_s", "fwd_s", "bwd_s", "iteration_s", "memory_gb", "memory_params",
                 "memory_grads", "memory_optimizer", "memory_activations", "layout",
-                "stage_latencies")
+                "stage_latencies", "max_in_flight")
 _RECOMPUTE = MappingProxyType({r.value: r for r in Recompute})
 
 
@@ -152,18 +153,18 @@ def plan_to_row(p: PartialPlan) -> list[Any]:
     c, m = p.config, p.memory
     return [c.tp, c.cp, c.ep, c.pp, c.dp, c.zero, c.recompute.value, c.offload, c.micro_batch,
             p.latency_s, p.fwd_s, p.bwd_s, p.iteration_s, p.memory_gb, m.params, m.grads,
-            m.optimizer, m.activations, list(p.layout), list(p.stage_latencies)]
+            m.optimizer, m.activations, list(p.layout), list(p.stage_latencies), p.max_in_flight]
 
 
 def plan_from_row(row: list[Any]) -> PartialPlan:
     """Inverse of :func:`plan_to_row` (raises ValueError/KeyError/TypeError on bad data)."""
     (tp, cp, ep, pp, dp, zero, rc, offload, mb, lat, fwd, bwd, it, mem, m_p, m_g, m_o, m_a,
-     layout, subs) = row
+     layout, subs, held) = row
     config = StageConfig(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, zero=zero, recompute=_RECOMPUTE[rc],
                          offload=offload, micro_batch=mb)
     return PartialPlan(config=config, latency_s=lat, fwd_s=fwd, bwd_s=bwd, iteration_s=it,
                        memory_gb=mem, memory=MemoryBreakdown(m_p, m_g, m_o, m_a),
-                       layout=tuple(layout), stage_latencies=tuple(subs))
+                       layout=tuple(layout), stage_latencies=tuple(subs), max_in_flight=held)
 
 
 class PlanStore(Protocol):
@@ -281,6 +282,25 @@ class CachingParallelizer:
         self.inner_calls += 1
         self.store.save(key, plans)
         return plans
+
+    def plan_stages(self, model: ModelSpec, lengths: list[int], has_embedding: bool,
+                    has_head: bool, island: Island, context: PlanContext) -> list:
+        """The inner ``plan_stages`` per length, from the store where the same entry was
+        planned before; the misses are planned in one batched call."""
+        keys = [cache_key(ModelSlice(model, d, has_embedding, has_head), island, context,
+                          self._identity + ":stages", self._code) for d in lengths]
+        out = [self.store.load(k) for k in keys]
+        self.hits += sum(o is not None for o in out)
+        todo = [i for i, o in enumerate(out) if o is None]
+        if todo:
+            from solver.planner.candidates import stage_options
+            found = stage_options(self.inner, model, [lengths[i] for i in todo], has_embedding,
+                                  has_head, island, context)
+            self.inner_calls += len(todo)
+            for i, plans in zip(todo, found):
+                out[i] = list(plans)
+                self.store.save(keys[i], out[i])
+        return out
 
     def cache_identity(self) -> str:
         """Caching does not change answers: identify as the inner parallelizer."""

@@ -73,9 +73,11 @@ def balance_window(islands: tuple[Island, ...], island: Island, layers: int,
                    beta: float) -> tuple[int, int]:
     """Rule 2 (eq. 3), heuristic: lengths within a factor β of the compute-proportional share.
 
-    The share ``L · C_k / ΣC`` counts every island, so the rule assumes all islands are used; a
-    plan that leaves a weak island idle gives the others more than their share, and the rule can
-    drop it (the extreme-heterogeneity jobs show this). Returns the inclusive window ``[lo, hi]``.
+    ``island`` is a stage's group (:func:`solver.islands.group_island`; a whole island is the
+    group of all its nodes). Its share ``L · C_g / ΣC`` counts every GPU of ``islands``, so the
+    rule assumes all nodes are used; a plan that leaves a weak island idle gives the others more
+    than their share, and the rule can drop it (the extreme-heterogeneity jobs show this).
+    Returns the inclusive window ``[lo, hi]``.
     """
     share = layers * island.total_tflops / sum(i.total_tflops for i in islands)
     lo = max(1, math.ceil(share / beta - 1e-9))
@@ -95,14 +97,15 @@ def stage_time_lb(island: Island, length: int, work: float) -> float:
 
 def bound_window(islands: tuple[Island, ...], island: Island, layers: int, work: float,
                  n_micro: int, upper: float) -> tuple[int, int]:
-    """Rule 2, safe variant: lengths that a plan better than ``upper`` could give ``island``.
+    """Rule 2, safe variant: lengths that a plan better than ``upper`` could give a stage group.
 
-    A length ``ℓ`` is dropped when ``n · ℓ·w/C_k > upper`` (the stage alone is too slow) or when
-    ``n · (L − ℓ)·w / Σ_{j≠k} C_j > upper`` (the other islands cannot absorb the rest fast enough:
-    the slowest of them holds at least their average). ``upper`` is the objective of a feasible
-    plan, so no plan as good as it is dropped: provably safe.
+    ``island`` is the stage's group. A length ``ℓ`` is dropped when ``n · ℓ·w/C_g > upper``
+    (the stage alone is too slow: ``T >= n · max τ``) or when ``n · (L − ℓ)·w / (ΣC − C_g) >
+    upper`` (every other GPU of the cluster together cannot absorb the rest fast enough: the
+    slowest of the other stages holds at least their average). ``upper`` is the objective of a
+    feasible plan, so no plan as good as it is dropped: provably safe.
     """
-    others = sum(i.total_tflops for i in islands if i.name != island.name) * 1e12
+    others = (sum(i.total_tflops for i in islands) - island.total_tflops) * 1e12
     ok = []
     for length in range(1, layers + 1):
         mine = n_micro * stage_time_lb(island, length, work)
@@ -149,9 +152,17 @@ class LinkModel:
         activations (sequence-parallel layouts shard them over every GPU of the stage), so
         ``min(N_a, N_b)`` streams run in parallel; resharding between different (tp, cp, dp)
         layouts only changes who receives which shard, not the bytes on the wire."""
-        gbits = self.gbits_per_gpu or min(a.nic_gbits, b.nic_gbits)
-        streams = min(a.gpus, b.gpus)
-        return self.bytes_per_micro / (streams * gbits / 8 * 1e9)
+        return self.rate(a, b) / min(a.gpus, b.gpus)
+
+    def rate(self, a: Island, b: Island) -> float:
+        """Seconds × GPUs per micro-batch: the transfer over one GPU's link (a stage boundary of
+        ``G`` GPUs a side takes ``rate / G``). Inside one island the nodes' NICs carry it, between
+        islands the cluster's inter-island bandwidth (or the smaller NIC of the pair)."""
+        if a.name == b.name:
+            gbits = a.nic_gbits
+        else:
+            gbits = self.gbits_per_gpu or min(a.nic_gbits, b.nic_gbits)
+        return self.bytes_per_micro / (gbits / 8 * 1e9)
 
 
 def interface_bans(links: dict[tuple[str, str], float], reference: float,

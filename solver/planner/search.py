@@ -1,10 +1,13 @@
 """The end-to-end planner: islands → candidates → pruning → exact composition → plan.
 
-Composition is exact for the planner's problem: for every pipeline depth ``P`` it composes the
-depth-``P`` table (entries sized for their 1F1B in-flight count, see ``solver.planner.candidates``) with
-at most ``P`` stages, and adds the per-iteration terms exactly by a descending sweep over the
-largest per-iteration time a plan may use (:func:`compose_with_iteration`). The best over ``P``
-wins; ties go to the shallower pipeline.
+A stage is a group of nodes of one island; an island may host several consecutive stages and
+nodes may stay idle. For a fixed ``n_micro`` the planner builds one stage table per view of the
+cluster — the islands of Algorithm 1, and the whole cluster as one island at its weakest
+members' figures (what a heterogeneity-oblivious planner sees, so the result is never worse
+than that plan) — and composes it exactly (:func:`solver.compose.group_dp.compose_groups_dp`,
+or CP-SAT / MILP). Without a fixed ``n_micro`` every divisor of the global batch up to
+:data:`solver.planner.micro.MAX_AUTO_MICRO` is planned and the best kept (ties: smaller ``n``,
+then the islands' view).
 """
 
 from __future__ import annotations
@@ -13,32 +16,28 @@ import math
 import time
 from dataclasses import dataclass, replace
 
-from solver.compose.result import CompositionResult, SolveStatus
-from solver.compose.table import Position, Restrictions
-from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer, PlanContext
-from solver.islands import IslandSet, Thresholds, build_islands, whole_cluster
-from solver.planner.candidates import (
-    CandidateCache,
-    DepthTable,
-    TableSpec,
-    after_for,
-    build_table,
-)
+import numpy as np
+
+from solver.compose.stage_table import GroupRestrictions, GroupResult
+from solver.compose.table import Position, slice_position
+from solver.cost.parallelizer import AnalyticParallelizer, FeatureSet, Parallelizer, PlanContext
+from solver.cost.stage import ConfigArrays, ModelSlice
+from solver.cost.stage_costs import PipelineSetting, stage_costs
+from solver.islands import (IslandSet, Thresholds, build_islands, group_island, node_key,
+                            whole_cluster)
+from solver.planner.candidates import (CandidateTable, GroupCache, TableSpec, build_stage_table,
+                                       granule, group_sizes)
 from solver.planner.plan import Plan, SolverInfo, StagePlan
-from solver.planner.pruning import (
-    Rule,
-    balance_window,
-    bound_window,
-    interface_bans,
-    interface_bans_safe,
-    layer_work_flops,
-    memory_cap,
-    stage_time_lb,
-)
-from solver.planner.solve import solve_table
+from solver.planner.pruning import (LinkModel, Rule, balance_window, bound_window, interface_bans,
+                                    interface_bans_safe, layer_work_flops, memory_cap,
+                                    stage_time_lb)
+from solver.planner.solve import solve_stage_table
 from solver.planner.validate import link_model, validate
-from solver.spec.domain import FeaturePreset, JobSpec, SolverKind
+from solver.spec.domain import FeaturePreset, Island, JobSpec, SolverKind
 from solver.spec.errors import InfeasibleError
+
+REL_TIE = 1e-12
+VIEW_ISLANDS, VIEW_WHOLE = "islands", "whole cluster"
 
 
 @dataclass(frozen=True)
@@ -58,9 +57,7 @@ class PlannerConfig:
     interface_threshold : float
         Rule 4: ban links slower than this fraction of a balanced stage.
     whole_cluster : bool
-        Also plan the whole cluster as one island at its weakest members' values (one stage,
-        pipelined inside): the plan a heterogeneity-oblivious planner would make, so the result
-        is never worse than it.
+        Also plan the whole cluster as one island at its weakest members' figures.
     """
 
     rules: Rule = Rule.paper()
@@ -71,198 +68,297 @@ class PlannerConfig:
     whole_cluster: bool = True
 
 
-@dataclass(frozen=True)
-class Composed:
-    """The best composition at one depth: result, total with per-iteration terms, and the option
-    behind each chosen (island, position, length) entry."""
-
-    result: CompositionResult
-    total: float
-    depth: int
-    plans: dict
-    optimal: bool
-
-
 @dataclass
 class PlanningRun:
-    """State shared by the passes of one planning run (caches, islands, links)."""
+    """State of one planning run: one view of the cluster at one ``n_micro``.
+
+    Attributes
+    ----------
+    job, config : JobSpec, PlannerConfig
+        What is planned and how.
+    islands : IslandSet
+        The islands of this view.
+    cache : GroupCache
+        Partial plans (shared between runs of one ``n_micro``).
+    links : LinkModel
+        Boundary transfers.
+    n_micro : int
+        Micro-batches per iteration.
+    view : str
+        ``"islands"`` or ``"whole cluster"``.
+    """
 
     job: JobSpec
     config: PlannerConfig
     islands: IslandSet
-    cache: CandidateCache
-    links: dict[tuple[str, str], float]
+    cache: GroupCache
+    links: LinkModel
     n_micro: int
+    view: str = VIEW_ISLANDS
+
+    @property
+    def features(self) -> FeatureSet:
+        """The features the parallelizer may use."""
+        return FeatureSet.of(self.config.features or self.job.planner.features)
+
+
+@dataclass(frozen=True)
+class Composed:
+    """The best composition of one run: result, the candidates behind it, proof status."""
+
+    result: GroupResult
+    candidates: CandidateTable
+    optimal: bool
+
+    @property
+    def total(self) -> float:
+        """Iteration time (inf when dominated)."""
+        return math.inf if self.result.objective is None else float(self.result.objective)
 
 
 def start_run(job: JobSpec, config: PlannerConfig, n_micro: int | None = None,
-              parallelizer: Parallelizer | None = None,
-              islands: IslandSet | None = None) -> PlanningRun:
-    """Islands (Algorithm 1 unless given), link times and an empty candidate cache for ``job``."""
+              parallelizer: Parallelizer | None = None, islands: IslandSet | None = None,
+              view: str = VIEW_ISLANDS, cache: GroupCache | None = None) -> PlanningRun:
+    """Islands (Algorithm 1 unless given), the link model and a candidate cache for ``job``."""
     n = n_micro or job.training.n_micro
     if n is None:
-        raise ValueError("n_micro must be fixed here; 'auto' is resolved by solver.studies.sweep")
+        raise ValueError("n_micro must be fixed here; plan_job searches it")
     features = config.features or job.planner.features
     isl = islands or build_islands(job.cluster, Thresholds.of(job.planner))
     micro = job.training.global_batch // n
-    ctx = PlanContext(job.training.seq_len, micro, n, 1, job.planner.epsilon, 1, features)
-    par = parallelizer or AnalyticParallelizer(features)
     by_name = {i.name: i for i in isl.islands}
-    cache = CandidateCache(job.model, by_name, par, ctx, dedupe=Rule.DEDUPE in config.rules)
-    lm = link_model(job, micro)
-    links = {(a.name, b.name): lm.time(a, b) for a in isl.islands for b in isl.islands if a is not b}
-    return PlanningRun(job, config, isl, cache, links, n)
+    if cache is None:
+        ctx = PlanContext(job.training.seq_len, micro, n, 1, job.planner.epsilon, 1, features)
+        cache = GroupCache(job.model, by_name, parallelizer or AnalyticParallelizer(features), ctx,
+                           dedupe=Rule.DEDUPE in config.rules)
+    else:
+        cache = replace(cache, islands={**cache.islands, **by_name}, entries=cache.entries,
+                        calls=0, mismatches=0)
+    return PlanningRun(job, config, isl, cache, link_model(job, micro), n, view)
+
+
+def views(job: JobSpec, config: PlannerConfig, n: int,
+          parallelizer: Parallelizer) -> list[PlanningRun]:
+    """The runs of one ``n_micro``: Algorithm 1's islands, then the whole cluster."""
+    runs = [start_run(job, config, n, parallelizer)]
+    if config.whole_cluster and len(runs[0].islands.islands) > 1:
+        # Groups of equal figures share their options across views (the cache is keyed so).
+        runs.append(start_run(job, config, n, parallelizer, whole_cluster(job.cluster),
+                              VIEW_WHOLE, cache=runs[0].cache))
+    return runs
 
 
 def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int | None = None,
              parallelizer: Parallelizer | None = None, run: PlanningRun | None = None) -> Plan:
-    """Plan ``job``; the result is validated before it is returned.
+    """Plan ``job`` exactly (``n_micro`` searched unless fixed); validated before it is returned.
 
     Raises
     ------
     InfeasibleError
-        No composition fits; the message names the tightest limit.
+        Nothing fits; the message names the tightest limit.
     """
+    from solver.planner.micro import candidate_n_micro
     start = time.perf_counter()
-    run = run or start_run(job, config, n_micro, parallelizer)
-    best = _pruned_search(run)
-    calls = run.cache.calls
-    if config.whole_cluster and len(run.islands.islands) > 1:
-        whole = start_run(job, config, run.n_micro, run.cache.parallelizer,
-                          whole_cluster(job.cluster))
-        alt = _pruned_search(whole)
-        calls += whole.cache.calls
-        if alt is not None and (best is None or alt.total < best.total * (1 - 1e-12)):
-            proven = alt.optimal and (best is None or best.optimal)
-            best, run = replace(alt, optimal=proven), whole
-        elif best is not None and alt is not None:
-            best = replace(best, optimal=best.optimal and alt.optimal)
+    par = parallelizer or AnalyticParallelizer(config.features or job.planner.features)
+    fixed = n_micro or job.training.n_micro
+    ns = [run.n_micro] if run is not None else ([fixed] if fixed else
+                                                 search_order(candidate_n_micro(job)))
+    best, calls, proven, tried = None, 0, True, []
+    for n in ns:
+        for r in ([run] if run is not None else views(job, config, n, par)):
+            bar = best[0].total * (1 - REL_TIE) if best is not None else math.inf
+            found = search(r, bar)
+            calls += r.cache.calls
+            tried.append(r)
+            proven = proven and (found is None or found.optimal)
+            if found is not None and found.result.feasible and found.total < bar:
+                best = (found, r)
     if best is None:
-        raise InfeasibleError(explain_infeasible(run))
-    plan = _decode(run, best, time.perf_counter() - start, calls)
+        raise InfeasibleError(explain_infeasible(tried))
+    plan = decode(best[1], best[0], time.perf_counter() - start, calls, proven)
     validate(plan, job)
     return plan
 
 
-def _pruned_search(run: PlanningRun) -> Composed | None:
-    rules, job = run.config.rules, run.job
+def search_order(ns: list[int]) -> list[int]:
+    """``n_micro`` candidates from the middle (in log scale) outwards: a good plan early lets
+    the DP dismiss the others quickly. The order does not change the result: ties between
+    equal plans are broken by the smaller ``n`` afterwards."""
+    mid = math.log2(ns[len(ns) // 2]) if ns else 0.0
+    return sorted(ns, key=lambda n: (abs(math.log2(n) - mid), n))
+
+
+def run_groups(run: PlanningRun) -> dict[str, tuple[int, ...]]:
+    """Group sizes of every island that admit a layout."""
+    return {i.name: group_sizes(run.job.model, i, run.cache.context, run.features)
+            for i in run.islands.islands}
+
+
+def rule_tables(run: PlanningRun, groups: dict[str, tuple[int, ...]]) -> tuple[dict, dict]:
+    """Rule 3 caps and rule 2 windows per group (empty when the rule is off)."""
+    job, rules, isl = run.job, run.config.rules, run.islands.islands
+    by_name = {i.name: i for i in isl}
+    caps, windows = {}, {}
+    for name, sizes in groups.items():
+        for g in sizes:
+            grp = group_island(by_name[name], g)
+            if Rule.MEMORY in rules:
+                for p in Position:
+                    caps[(name, g, p)] = memory_cap(job.model, grp, job.planner.epsilon,
+                                                    p in (Position.FIRST, Position.ONLY),
+                                                    p in (Position.LAST, Position.ONLY))
+            if Rule.BALANCE in rules:
+                windows[(name, g)] = balance_window(isl, grp, job.model.layers, job.planner.beta)
+    return caps, windows
+
+
+def _boundary_links(run: PlanningRun) -> dict[tuple[str, str], float]:
+    """Fastest possible boundary time of every island pair (whole islands on both sides)."""
     isl = run.islands.islands
-    L = job.model.layers
-    caps = {}
-    if Rule.MEMORY in rules:
-        caps = {(i.name, p): memory_cap(job.model, i, job.planner.epsilon,
-                                        p in (Position.FIRST, Position.ONLY),
-                                        p in (Position.LAST, Position.ONLY))
-                for i in isl for p in Position}
-    windows = {i.name: balance_window(isl, i, L, job.planner.beta) for i in isl} \
-        if Rule.BALANCE in rules else {}
-    work = layer_work_flops(job.model, run.cache.context.micro_batch, job.training.seq_len)
-    reference = stage_time_lb(_whole(isl), L, work)
-    bans = interface_bans(run.links, reference, run.config.interface_threshold) \
-        if Rule.INTERFACE in rules else frozenset()
-    if not rules & (Rule.BALANCE_SAFE | Rule.INTERFACE_SAFE):
-        return search_depths(run, windows, caps, bans)
-    # Safe variants need an upper bound: the plan under the paper's heuristic rules.
-    probe = search_depths(run, {i.name: balance_window(isl, i, L, job.planner.beta) for i in isl},
-                          caps, interface_bans(run.links, reference, run.config.interface_threshold))
-    upper = probe.total if probe else math.inf
-    if Rule.BALANCE_SAFE in rules:
-        windows = {i.name: _meet(windows.get(i.name),
-                                 bound_window(isl, i, L, work, run.n_micro, upper)) for i in isl}
-    if Rule.INTERFACE_SAFE in rules:
-        bans = bans | interface_bans_safe(run.links, run.n_micro, upper)
-    return search_depths(run, windows, caps, bans)
+    return {(a.name, b.name): run.links.rate(a, b) / min(a.gpus, b.gpus)
+            for a in isl for b in isl if a is not b}
 
 
-def _meet(a: tuple[int, int] | None, b: tuple[int, int]) -> tuple[int, int]:
-    return b if a is None else (max(a[0], b[0]), min(a[1], b[1]))
+def search(run: PlanningRun, incumbent: float = math.inf) -> Composed | None:
+    """The best composition of ``run`` under its pruning rules, if it beats ``incumbent``
+    (None: nothing fits; no stages: proven not to beat ``incumbent``).
 
-
-def _whole(islands):
-    from solver.spec.domain import Island
-    return Island("all", tuple(n for i in islands for n in i.nodes))
-
-
-def search_depths(run: PlanningRun, windows: dict, caps: dict,
-                  bans: frozenset) -> Composed | None:
-    """Best composition over pipeline depths 1..K (ties: shallower)."""
-    best: Composed | None = None
-    proven = True
-    for depth in range(1, len(run.islands.islands) + 1):
-        table = build_table(run.cache, TableSpec(depth, windows, caps))
-        restr = Restrictions(banned_links=bans, max_stages=depth)
-        found, solved = compose_with_iteration(run, table, restr)
-        proven = proven and solved
-        if found is None:
-            continue
-        if best is None or found.total < best.total * (1 - 1e-12):
-            best = found
-    return None if best is None else replace(best, optimal=proven)
-
-
-def compose_with_iteration(run: PlanningRun, table: DepthTable,
-                           restr: Restrictions) -> tuple[Composed | None, bool]:
-    """Exact ``min T_pipe + max_i iteration_i`` by a descending sweep over the iteration cap.
-
-    ``f(v)`` = best ``T_pipe`` among plans whose stages all have per-iteration time ``≤ v``
-    (each entry then uses its fastest option within ``v``). The optimum is
-    ``min_v f(v) + maxit(plan_v)``; after solving at ``v`` the next cap is the largest value below
-    the found plan's ``maxit``, and the sweep stops once ``f(v)`` alone reaches the best total
-    (``f`` only grows as ``v`` shrinks). Each step is one exact composition. Returns the best
-    composition (None if none) and whether every solve proved its answer (a time-limited solve
-    that found nothing is not a proof of infeasibility).
+    The safe variants of rules 2 and 4 need an upper bound on ``T``: the plan under the paper's
+    heuristic rules.
     """
-    values = table.iteration_values()
-    cap, best, proven = math.inf, None, True
-    while True:
-        latency, chosen = table.at(run.cache, cap, run.links)
-        result = solve_table(latency, restr, run.config.solver or run.job.planner.solver,
-                             run.job.planner.overlap,
-                             run.config.time_limit_s or run.job.planner.time_limit_s)
-        proven = proven and (result.optimal or result.status is SolveStatus.INFEASIBLE)
-        if not result.feasible or (best and result.objective >= best.total):
-            break
-        picked = {(s.island, s.position, s.end - s.start): chosen[(s.island, s.position,
-                                                                    s.end - s.start)]
-                  for s in result.stages}
-        top = max(o.iteration for o in picked.values())
-        if best is None or result.objective + top < best.total:
-            best = Composed(result, result.objective + top, table.depth, picked, True)
-        lower = [v for v in values if v < top]
-        if not lower:
-            break
-        cap = lower[-1]
-    return (None if best is None else replace(best, optimal=proven)), proven
+    rules, job = run.config.rules, run.job
+    groups = run_groups(run)
+    caps, windows = rule_tables(run, groups)
+    work = layer_work_flops(job.model, run.cache.context.micro_batch, job.training.seq_len)
+    whole = Island("all", tuple(n for i in run.islands.islands for n in i.nodes))
+    reference = stage_time_lb(whole, job.model.layers, work)
+    links = _boundary_links(run)
+    heuristic_bans = interface_bans(links, reference, run.config.interface_threshold)
+    bans = heuristic_bans if Rule.INTERFACE in rules else frozenset()
+    if not rules & (Rule.BALANCE_SAFE | Rule.INTERFACE_SAFE):
+        return compose(run, TableSpec(windows, caps), bans, incumbent=incumbent)
+    probe_windows = rule_tables(replace(run, config=replace(run.config, rules=rules | Rule.BALANCE)),
+                                 groups)[1]
+    probe = compose(run, TableSpec(probe_windows, caps), heuristic_bans)
+    upper = probe.total if probe is not None else math.inf
+    if Rule.BALANCE_SAFE in rules:
+        by_name = {i.name: i for i in run.islands.islands}
+        for name, sizes in groups.items():
+            for g in sizes:
+                safe = bound_window(run.islands.islands, group_island(by_name[name], g),
+                                    job.model.layers, work, run.n_micro, upper)
+                old = windows.get((name, g))
+                windows[(name, g)] = safe if old is None else (max(old[0], safe[0]),
+                                                               min(old[1], safe[1]))
+    if Rule.INTERFACE_SAFE in rules:
+        bans = bans | interface_bans_safe(links, run.n_micro, upper)
+    return compose(run, TableSpec(windows, caps), bans, incumbent=incumbent)
 
 
-def _decode(run: PlanningRun, best: Composed, elapsed: float, calls: int | None = None) -> Plan:
-    by_name = run.cache.islands
+def link_rates(run: PlanningRun) -> np.ndarray:
+    """``rate[a, b]`` of :class:`~solver.compose.stage_table.StageTable` over the run's islands."""
+    isl = run.islands.islands
+    return np.array([[run.links.rate(a, b) for b in isl] for a in isl])
+
+
+def compose(run: PlanningRun, spec: TableSpec, bans: frozenset,
+            restrictions: GroupRestrictions | None = None,
+            incumbent: float = math.inf) -> Composed | None:
+    """Build the stage table ``spec`` allows and compose it with the run's solver (None: no
+    plan fits; a result without stages: proven not to beat ``incumbent``)."""
+    names = tuple(i.name for i in run.islands.islands)
+    cand = build_stage_table(run.cache, spec, link_rates(run), names, run.features)
+    if cand is None:
+        return None
+    kept = set(cand.table.names())
+    base = restrictions or GroupRestrictions()
+    restr = replace(base, banned_links=frozenset(p for p in bans | base.banned_links
+                                                 if p[0] in kept and p[1] in kept))
+    job = run.job
+    result = solve_stage_table(cand.table, restr, run.config.solver or job.planner.solver,
+                               job.planner.overlap,
+                               run.config.time_limit_s or job.planner.time_limit_s, incumbent)
+    if not result.feasible and result.status != "dominated":
+        return None
+    return Composed(result, cand, result.optimal)
+
+
+def restage(job: JobSpec, group: Island, start: int, end: int, plan, n_micro: int,
+            in_flight: int):
+    """A partial plan re-evaluated at the in-flight count of its position (memory as it will
+    be); latency and per-iteration time do not depend on that count."""
+    from solver.cost.parallelizer import MemoryBreakdown
+    slc = ModelSlice(job.model, end - start, start == 0, end == job.model.layers)
+    costs = stage_costs(slc, group, job.training.seq_len, ConfigArrays.of([plan.config]),
+                        PipelineSetting(n_micro, in_flight))
+    mem = costs.memory
+    parts = MemoryBreakdown(*(float(getattr(mem, k)[0]) / 1e9
+                              for k in ("params", "grads", "optimizer", "activations")))
+    return replace(plan, memory_gb=float(mem.total[0]) / 1e9, memory=parts)
+
+
+def decode(run: PlanningRun, best: Composed, elapsed: float, calls: int,
+           proven: bool = True) -> Plan:
+    """The plan of a composition: groups get the island's nodes in node order."""
+    job, cand, L = run.job, best.candidates, run.job.model.layers
+    used: dict[str, int] = {}
     stages = []
     for s in best.result.stages:
-        after = after_for(s.position, best.depth)
-        stages.append(StagePlan(by_name[s.island], s.start, s.end, s.position,
-                                min(after + 1, run.n_micro),
-                                best.plans[(s.island, s.position, s.end - s.start)].plan))
-    links = tuple(run.links[(a.island.name, b.island.name)] for a, b in zip(stages, stages[1:]))
+        island = cand.islands[s.k]
+        order = sorted(island.nodes, key=node_key)
+        first = used.get(island.name, 0)
+        used[island.name] = first + s.nodes
+        pos = slice_position(s.start, s.end, L)
+        partial = cand.plans[(s.k, s.nodes, pos)][s.end - s.start][s.option]
+        partial = restage(job, group_island(island, s.nodes), s.start, s.end, partial,
+                          run.n_micro, s.in_flight)
+        stages.append(StagePlan(island, s.start, s.end, pos, s.in_flight, partial,
+                                tuple(order[first:first + s.nodes])))
+    links = tuple(cand.table.link(a.k, a.nodes, b.k, b.nodes)
+                  for a, b in zip(best.result.stages, best.result.stages[1:]))
     r = best.result
-    info = SolverInfo(r.solver, best.optimal, elapsed,
-                      run.cache.calls if calls is None else calls,
-                      None if best.optimal else r.bound, None if best.optimal else r.gap)
-    return Plan(run.job, run.islands, tuple(stages), links, run.n_micro,
-                run.job.planner.overlap, info)
+    optimal = best.optimal and proven
+    info = SolverInfo(r.solver, optimal, elapsed, calls, None if optimal else r.bound,
+                      None if optimal else r.gap)
+    return Plan(job, run.islands, tuple(stages), links, run.n_micro, job.planner.overlap, info,
+                idle_nodes(run, stages, cand), run.view)
 
 
-def explain_infeasible(run: PlanningRun) -> str:
+def idle_nodes(run: PlanningRun, stages: list[StagePlan],
+               cand: CandidateTable) -> tuple[tuple[str, str], ...]:
+    """Every node no stage uses, with the reason."""
+    busy = {n.node_id for s in stages for n in s.nodes}
+    sizes = {}
+    for s in stages:
+        sizes.setdefault(s.island.name, []).append(len(s.nodes))
+    out = []
+    for isl in run.islands.islands:
+        if isl.name in cand.unusable:
+            why = f"island {isl.name} is unusable: {cand.unusable[isl.name]}"
+        elif isl.name not in sizes:
+            why = f"island {isl.name} is not in the optimal plan (adding it does not help)"
+        else:
+            groups = "+".join(map(str, sizes[isl.name]))
+            why = (f"the optimal plan uses groups of {groups} of the {len(isl.nodes)} nodes of "
+                   f"{isl.name}")
+            if granule(len(isl.nodes)) > 1:
+                why += f" (groups are multiples of {granule(len(isl.nodes))} nodes here)"
+        out += [(n.node_id, why) for n in sorted(isl.nodes, key=node_key) if n.node_id not in busy]
+    return tuple(out)
+
+
+def explain_infeasible(runs: list[PlanningRun]) -> str:
     """One line naming the tightest limit when nothing fits."""
-    job = run.job
-    model = job.model
-    biggest = max(run.islands.islands, key=lambda i: i.gpus * i.hbm_gb)
+    run = runs[0]
+    job, model = run.job, run.job.model
     state_gb = model.total_params * 18 / 1e9
     room = sum(i.gpus * i.hbm_gb * (1 - job.planner.epsilon) for i in run.islands.islands)
     if state_gb > room:
         return (f"{model.name} needs {state_gb:,.0f} GB of parameter+gradient+optimizer state; "
                 f"the whole cluster offers {room:,.0f} GB at (1 - ε)·HBM")
-    return (f"no composition of {model.name} fits: every slice exceeds (1 - ε)·HBM once "
-            f"activations for {run.n_micro} micro-batches of {run.cache.context.micro_batch} "
-            f"sequences are counted, or no parallel layout divides the micro-batch "
-            f"(largest island {biggest.name}: {biggest.gpus} × {biggest.hbm_gb:g} GB)")
+    ns = sorted({r.n_micro for r in runs})
+    biggest = max(run.islands.islands, key=lambda i: i.gpus * i.hbm_gb)
+    return (f"no pipeline of {model.name} fits at n_micro {', '.join(map(str, ns))}: every "
+            f"group's slices exceed (1 - ε)·HBM once the activations in flight are counted, or "
+            f"no layout's data-parallel degree divides the micro-batch (largest island "
+            f"{biggest.name}: {biggest.gpus} × {biggest.hbm_gb:g} GB)")

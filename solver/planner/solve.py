@@ -1,4 +1,4 @@
-"""Dispatch a latency table to the chosen composition solver.
+"""Dispatch a latency table or a stage table to the chosen composition solver.
 
 ``formulations`` is imported inside the function: ``solver`` never imports it at module level.
 A CP-SAT or MILP solve that stops at its time limit keeps its bound, but the plan returned is
@@ -11,7 +11,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from solver.compose.dp import compose_dp
+from solver.compose.group_brute import compose_groups_brute
+from solver.compose.group_dp import compose_groups_dp
 from solver.compose.result import CompositionResult, SolveStatus, TooLargeError
+from solver.compose.stage_table import GroupRestrictions, GroupResult, StageTable
 from solver.compose.table import LatencyTable, Restrictions
 from solver.spec.domain import SolverKind
 from solver.spec.errors import InputError
@@ -53,3 +56,49 @@ def _solve(table: LatencyTable, restrictions: Restrictions | None, kind: SolverK
         return solve_cpsat(table, restrictions, overlap, time_limit_s)
     from formulations.assignment_milp import solve_milp
     return solve_milp(table, restrictions, overlap, time_limit_s)
+
+
+def solve_stage_table(table: StageTable, restrictions: GroupRestrictions | None,
+                      kind: SolverKind, overlap: bool = False, time_limit_s: float = 30.0,
+                      incumbent: float = float("inf")) -> GroupResult:
+    """Compose a node-group stage table with solver ``kind`` (same result type for all).
+
+    CP-SAT and MILP are given the DP's objective as an upper bound (entries no better plan can
+    use are left out of their models, :mod:`formulations.groups_common`) and its plan as a
+    starting point: they then search every plan that could beat the DP, so a proof of
+    optimality from them is an independent proof of the DP's, and
+    one that stops at its time limit keeps its bound and gap while the plan returned is the
+    DP's (marked not proven). ``incumbent`` lets the DP dismiss a table that cannot beat a
+    plan the caller has (status ``dominated``).
+
+    Raises
+    ------
+    InputError
+        The instance exceeds what the chosen solver is built for.
+    """
+    try:
+        dp = compose_groups_dp(table, restrictions, overlap, incumbent)
+        if kind is SolverKind.DP or dp.status == "dominated":
+            return dp
+        if kind is SolverKind.BRUTE:
+            return compose_groups_brute(table, restrictions, overlap)
+        upper = dp.objective * (1 + 1e-9) if dp.objective is not None else float("inf")
+        result = _solve_model(table, restrictions, kind, overlap, time_limit_s, upper, dp.stages)
+    except TooLargeError as exc:
+        raise InputError("<cli>", "--solver", f"{kind.value}: {exc}") from None
+    if result.optimal and (result.feasible or not dp.feasible):
+        return result
+    gap = None
+    if result.bound is not None and dp.objective:
+        gap = max(0.0, (dp.objective - result.bound) / dp.objective)
+    return replace(dp, solver=result.solver, optimal=False, status=result.status,
+                   time_s=result.time_s + dp.time_s, bound=result.bound, gap=gap)
+
+
+def _solve_model(table: StageTable, restrictions: GroupRestrictions | None, kind: SolverKind,
+                 overlap: bool, time_limit_s: float, upper: float, hint) -> GroupResult:
+    if kind is SolverKind.CPSAT:
+        from formulations.groups_cpsat import solve_groups_cpsat
+        return solve_groups_cpsat(table, restrictions, overlap, time_limit_s, upper, hint)
+    from formulations.groups_milp import solve_groups_milp
+    return solve_groups_milp(table, restrictions, overlap, time_limit_s, upper, hint)

@@ -40,10 +40,11 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
         return out
     taus, extras = [], []
     n = plan.n_micro
-    depth = len(plan.stages)
+    # Sub-stages behind each stage: its last sub-stage holds one more than that (1F1B).
+    behind = [sum(t.plan.config.pp for t in plan.stages[i + 1:]) for i in range(len(plan.stages))]
     for i, s in enumerate(plan.stages):
         out += _config(s, job, n)
-        held = min(depth - i, n)
+        held = min(behind[i] + 1, n)
         if s.in_flight < held:
             out.append(f"stage {i} ({s.island.name}): sized for {s.in_flight} micro-batches in "
                        f"flight, its position holds {held}")
@@ -53,7 +54,8 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
         if mem > limit * (1 + REL_TOL):
             out.append(f"stage {i} ({s.island.name}): {mem:.2f} GB per GPU with {in_flight} "
                        f"micro-batches in flight exceeds (1 - ε)·HBM = {limit:.2f} GB")
-        if not all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(subs, s.plan.stage_latencies)):
+        if len(subs) != len(s.plan.stage_latencies) or not all(
+                math.isclose(a, b, rel_tol=1e-6) for a, b in zip(subs, s.plan.stage_latencies)):
             out.append(f"stage {i}: latencies {s.plan.stage_latencies} do not match the cost "
                        f"model's {subs}")
         taus.append(subs)
@@ -86,14 +88,20 @@ def _structure(plan: Plan, job: JobSpec, given: tuple[Island, ...] | None) -> li
         names = {s.island.name for s in plan.stages}
         given = next((v for v in views if names <= {i.name for i in v}), views[0])
     islands = {i.name: i for i in given}
-    cursor, seen = 0, set()
+    cursor, order, taken = 0, [], set()
     for s in plan.stages:
         real = islands.get(s.island.name)
         if real is None or real.nodes != s.island.nodes:
             out.append(f"{s.island.name} is not an island of the job's cluster")
-        if s.island.name in seen:
-            out.append(f"island {s.island.name} used twice")
-        seen.add(s.island.name)
+        if order and order[-1] != s.island.name and s.island.name in order:
+            out.append(f"island {s.island.name} hosts two separate blocks of stages")
+        order.append(s.island.name)
+        ids = s.node_ids
+        if not set(ids) <= {n.node_id for n in s.island.nodes}:
+            out.append(f"{s.island.name}: stage nodes {ids} are not all in the island")
+        if taken & set(ids) or len(set(ids)) != len(ids):
+            out.append(f"{s.island.name}: node(s) {sorted(taken & set(ids))} used by two stages")
+        taken |= set(ids)
         if s.start != cursor or s.end <= s.start:
             out.append(f"{s.island.name}: layers [{s.start}, {s.end}) do not continue at {cursor}")
         cursor = s.end
@@ -105,8 +113,8 @@ def _structure(plan: Plan, job: JobSpec, given: tuple[Island, ...] | None) -> li
 
 
 def _config(s, job: JobSpec, n: int) -> list[str]:
-    c, isl, out = s.plan.config, s.island, []
-    name = isl.name
+    c, isl, out = s.plan.config, s.group, []
+    name = s.island.name
     if c.tp * c.cp * c.pp * c.dp != isl.gpus:
         out.append(f"{name}: tp·cp·pp·dp = {c.tp * c.cp * c.pp * c.dp} != {isl.gpus} GPUs")
     if isl.gpus_per_node % c.tp:
@@ -128,8 +136,8 @@ def _evaluate(s, job: JobSpec, n: int, in_flight: int) -> tuple[tuple[float, ...
     slc = ModelSlice(job.model, s.end - s.start, s.start == 0, s.end == job.model.layers)
     cfg = ConfigArrays.of([s.plan.config])
     pipe = PipelineSetting(n, in_flight)
-    costs = stage_costs(slc, s.island, job.training.seq_len, cfg, pipe)
-    subs = substage_latencies(slc, s.island, job.training.seq_len, cfg, pipe)[0]
+    costs = stage_costs(slc, s.group, job.training.seq_len, cfg, pipe)
+    subs = substage_latencies(slc, s.group, job.training.seq_len, cfg, pipe)[0]
     return subs, float(costs.iteration_s[0]), float(costs.memory.total[0]) / 1e9
 
 
@@ -137,5 +145,5 @@ def _links(plan: Plan, job: JobSpec) -> list[float]:
     lm = link_model(job, job.training.global_batch // plan.n_micro)
     out = []
     for a, b in zip(plan.stages, plan.stages[1:]):
-        out.append(lm.time(a.island, b.island))
+        out.append(lm.rate(a.island, b.island) / min(a.gpus, b.gpus))
     return out

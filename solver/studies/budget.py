@@ -1,9 +1,9 @@
 """Budget-constrained composition: a cross-check of the Pareto fronts of :mod:`solver.studies.pareto`.
 
 The fronts are built by enumerating island subsets. Here the same question is asked the other
-way round, as one optimisation per pipeline depth: minimise the iteration time ``T`` subject to
-``Σ_k rate_k · used_k ≤ budget`` (the ``budget`` constraint of
-:mod:`formulations.assignment_common` for CP-SAT and MILP; masked final island sets in the DP).
+way round, as one optimisation: minimise the iteration time ``T`` subject to
+``Σ_k rate_k · used_k ≤ budget`` (the budget constraint of the CP-SAT and MILP node-group
+models in :mod:`formulations`; masked final island sets in the DP).
 On the front, the point of rate ``r`` is the fastest plan whose rate is at most ``r``, so both
 methods must give the same ``T`` at every front point's rate.
 
@@ -14,12 +14,13 @@ Compare with fronts planned under ``PlannerConfig(rules=Rule.DEDUPE | Rule.MEMOR
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from solver.compose.table import Budget, Position, Restrictions
-from solver.planner.candidates import TableSpec, build_table
-from solver.planner.pruning import Rule, memory_cap
-from solver.planner.search import PlanningRun, compose_with_iteration
+from solver.compose.stage_table import GroupRestrictions
+from solver.compose.table import Budget
+from solver.planner.candidates import TableSpec
+from solver.planner.pruning import Rule
+from solver.planner.search import PlanningRun, run_groups, rule_tables, compose
 from solver.studies.pareto import Objective, usd_per_hour, watts
 
 
@@ -48,32 +49,21 @@ def island_rates(run: PlanningRun, objective: Objective) -> dict[str, float]:
     return {i.name: rate([i]) for i in run.islands.islands}
 
 
-def _memory_caps(run: PlanningRun) -> dict[tuple[str, Position], int]:
-    job = run.job
-    if Rule.MEMORY not in run.config.rules:
-        return {}
-    return {(i.name, p): memory_cap(job.model, i, job.planner.epsilon,
-                                    p in (Position.FIRST, Position.ONLY),
-                                    p in (Position.LAST, Position.ONLY))
-            for i in run.islands.islands for p in Position}
-
-
 def fastest_within_budget(run: PlanningRun, limit: float,
                           objective: Objective = Objective.COST) -> BudgetResult | None:
     """Least iteration time over plans whose used islands' rate is at most ``limit``.
 
-    One exact composition per pipeline depth (the planner's tables, with the budget as a
-    restriction; the solver is the run's), the best over depths. None when nothing fits.
+    One exact composition of the run's stage table (rule 1 and rule 3 only, see the module
+    docstring), with the budget as a restriction on the used islands; the solver is the run's.
+    None when nothing fits.
     """
     budget = Budget(island_rates(run, objective), limit)
-    caps = _memory_caps(run)
-    best: BudgetResult | None = None
-    for depth in range(1, len(run.islands.islands) + 1):
-        table = build_table(run.cache, TableSpec(depth, {}, caps))
-        found, _ = compose_with_iteration(run, table,
-                                          Restrictions(max_stages=depth, budget=budget))
-        if found is not None and (best is None or
-                                  found.total < best.iteration_time_s * (1 - 1e-12)):
-            best = BudgetResult(found.total, tuple(s.island for s in found.result.stages),
-                                found.optimal)
-    return best
+    caps = {}
+    if Rule.MEMORY in run.config.rules:
+        caps = rule_tables(replace(run, config=replace(run.config, rules=Rule.MEMORY)),
+                            run_groups(run))[0]
+    found = compose(run, TableSpec({}, caps), frozenset(), GroupRestrictions(budget=budget))
+    if found is None or not found.result.feasible:
+        return None
+    order = tuple(dict.fromkeys(s.island for s in found.result.stages))
+    return BudgetResult(found.total, order, found.optimal)

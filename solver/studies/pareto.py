@@ -31,7 +31,6 @@ from typing import Any, Iterable
 
 from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer
 from solver.islands import IslandSet
-from solver.planner.candidates import CandidateCache
 from solver.planner.plan import Plan
 from solver.planner.plancache import CachingParallelizer, MemoryStore
 from solver.planner.search import PlannerConfig, PlanningRun, plan_job, start_run
@@ -95,8 +94,9 @@ class SubsetPlan:
 
     @classmethod
     def of(cls, plan: Plan) -> "SubsetPlan":
-        """Rates of the islands ``plan`` uses."""
-        used = [s.island for s in plan.stages]
+        """Rates of the islands ``plan`` uses (an island is paid in full once any of its nodes
+        hosts a stage)."""
+        used = list(dict.fromkeys(s.island for s in plan.stages))
         try:
             price: float | None = usd_per_hour(used)
         except InputError:
@@ -121,8 +121,8 @@ class SubsetPlan:
     @property
     def hourly_usd(self) -> float:
         """Price of the used GPUs per hour (raises InputError when a GPU has no price)."""
-        if self.usd_per_hour is None:
-            return usd_per_hour(s.island for s in self.plan.stages)  # raises, naming the GPU
+        if self.usd_per_hour is None:  # raises, naming the GPU
+            return usd_per_hour(dict.fromkeys(s.island for s in self.plan.stages))
         return self.usd_per_hour
 
     @property
@@ -140,18 +140,14 @@ def plan_subset(run: PlanningRun, members: tuple[Island, ...]) -> Plan | None:
 
     The pruning rules are evaluated on ``members`` (rule 2's shares are shares of them, rule 4's
     reference stage is theirs). Candidate entries are shared with ``run``'s cache, so each
-    (island, length, position, in-flight) entry is planned once across all subsets. The plan
-    lists all of the job's islands (the unused ones idle).
+    entry is planned once across all subsets. The plan lists all of the job's islands (the
+    unused ones idle).
     """
     job = run.job
-    names = {i.name for i in members}
-    cache = CandidateCache(job.model, {i.name: i for i in members}, run.cache.parallelizer,
-                           run.cache.context, run.cache.dedupe, entries=run.cache.entries)
-    links = {p: c for p, c in run.links.items() if p[0] in names and p[1] in names}
     subset = IslandSet(tuple(members), run.islands.components, run.islands.merges)
+    sub = start_run(job, run.config, run.n_micro, islands=subset, cache=run.cache)
     try:
-        plan = plan_job(job, run.config, run=PlanningRun(job, run.config, subset, cache, links,
-                                                          run.n_micro))
+        plan = plan_job(job, run.config, run=sub)
     except InfeasibleError:
         return None
     return replace(plan, islands=run.islands)
@@ -211,19 +207,7 @@ def pareto_front(points: list[SubsetPlan], objective: Objective) -> list[SubsetP
 def plan_auto_with(job: JobSpec, config: PlannerConfig, parallelizer: Parallelizer) -> Plan:
     """:func:`solver.studies.sweep.plan_auto` with a given parallelizer: the job's n_micro, or the best
     over the candidates when it is "auto" (ties: the smaller n_micro)."""
-    best: Plan | None = None
-    reason = "no n_micro divides the global batch"
-    for n in _n_values(job):
-        try:
-            plan = plan_job(job, config, n_micro=n, parallelizer=parallelizer)
-        except InfeasibleError as exc:
-            reason = str(exc)
-            continue
-        if best is None or plan.iteration_time_s < best.iteration_time_s * (1 - 1e-12):
-            best = plan
-    if best is None:
-        raise InfeasibleError(reason)
-    return best
+    return plan_job(job, config, parallelizer=parallelizer)
 
 
 def meets(point: SubsetPlan, opts: PlannerOptions) -> bool:
@@ -294,7 +278,8 @@ def point_json(p: SubsetPlan, objective: Objective) -> dict[str, Any]:
         out.update(usd_per_iteration=_r(p.usd_per_iteration), usd_per_hour=_r(p.hourly_usd))
     else:
         out.update(kwh_per_iteration=_r(p.kwh_per_iteration), kw=_r(p.watts / 1e3))
-    out.update(islands=list(p.islands), gpus=sum(s.island.gpus for s in p.plan.stages),
+    out.update(islands=list(p.islands), gpus=sum(i.gpus for i in dict.fromkeys(
+        s.island for s in p.plan.stages)),
                tokens_per_s=_r(p.tokens_per_s, 3))
     return out
 

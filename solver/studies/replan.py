@@ -22,7 +22,7 @@ from solver.compose.table import slice_position
 from solver.cost.parallelizer import MemoryBreakdown, PartialPlan
 from solver.cost.stage import ConfigArrays, ModelSlice, StageConfig
 from solver.cost.stage_costs import PipelineSetting, stage_costs, substage_latencies
-from solver.islands import Thresholds, build_islands
+from solver.islands import Thresholds, build_islands, group_island, whole_cluster
 from solver.planner.plan import Plan, SolverInfo, StagePlan
 from solver.planner.plancache import CachingParallelizer
 from solver.planner.search import PlannerConfig
@@ -119,14 +119,15 @@ def load_added_nodes(path: Path | str, catalog: dict[str, GPUSpec] | None = None
 
 
 def _stage_plan(job: JobSpec, island: Island, start: int, end: int, config: StageConfig,
-                n_micro: int, in_flight: int) -> StagePlan:
+                n_micro: int, in_flight: int, nodes: tuple[Node, ...] = ()) -> StagePlan:
     """A stage re-evaluated with the cost model (what the planner would have stored)."""
     layers = job.model.layers
     slc = ModelSlice(job.model, end - start, start == 0, end == layers)
     cfg = ConfigArrays.of([config])
     pipe = PipelineSetting(n_micro, in_flight)
-    costs = stage_costs(slc, island, job.training.seq_len, cfg, pipe)
-    subs = substage_latencies(slc, island, job.training.seq_len, cfg, pipe)[0]
+    group = group_island(island, len(nodes)) if nodes else island
+    costs = stage_costs(slc, group, job.training.seq_len, cfg, pipe)
+    subs = substage_latencies(slc, group, job.training.seq_len, cfg, pipe)[0]
     mem = costs.memory
     breakdown = MemoryBreakdown(*(float(getattr(mem, k)[0]) / 1e9
                                   for k in ("params", "grads", "optimizer", "activations")))
@@ -134,7 +135,8 @@ def _stage_plan(job: JobSpec, island: Island, start: int, end: int, config: Stag
                        float(costs.bwd.total[0]), float(costs.iteration_s[0]),
                        float(mem.total[0]) / 1e9, breakdown, (config.tp, config.cp, config.dp),
                        tuple(subs))
-    return StagePlan(island, start, end, slice_position(start, end, layers), in_flight, plan)
+    return StagePlan(island, start, end, slice_position(start, end, layers), in_flight, plan,
+                     nodes)
 
 
 def _check_islands(f: Fields, islands: dict[str, Island], cluster: ClusterSpec) -> None:
@@ -173,7 +175,9 @@ def previous_plan(payload: Any, job: JobSpec, source: str) -> Plan:
         The plan does not belong to the job (islands, stages, configuration, objective).
     """
     f = Fields(payload, source)
-    isl = build_islands(job.cluster, Thresholds.of(job.planner))
+    view = f.get("view", str, "islands", choices=("islands", "whole cluster"))
+    isl = whole_cluster(job.cluster) if view == "whole cluster" else \
+        build_islands(job.cluster, Thresholds.of(job.planner))
     by_name = {i.name: i for i in isl.islands}
     _check_islands(f, by_name, job.cluster)
     objective = f.sub("objective", required=True)
@@ -182,9 +186,10 @@ def previous_plan(payload: Any, job: JobSpec, source: str) -> Plan:
                     f"{n} does not divide the job's global batch {job.training.global_batch}")
     stages = _stages(f, job, by_name, n)
     lm = link_model(job, job.training.global_batch // n)
-    links = tuple(lm.time(a.island, b.island) for a, b in zip(stages, stages[1:]))
+    links = tuple(lm.rate(a.island, b.island) / min(a.gpus, b.gpus)
+                  for a, b in zip(stages, stages[1:]))
     plan = Plan(job, isl, stages, links, n, job.planner.overlap,
-                SolverInfo("previous", False, 0.0, 0))
+                SolverInfo("previous", False, 0.0, 0), view=view)
     try:
         validate(plan, job)
     except InfeasibleError as exc:
@@ -210,10 +215,22 @@ def _stages(f: Fields, job: JobSpec, islands: dict[str, Island], n: int) -> tupl
         g.check("layers", len(layers) == 2 and all(isinstance(x, int) for x in layers)
                 and 0 <= layers[0] < layers[1] <= job.model.layers,
                 f"must be [start, end) within 0..{job.model.layers}, got {layers}")
+        nodes = _stage_nodes(g, islands[name])
         config = _stage_config(g, micro)
         out.append(_stage_plan(job, islands[name], layers[0], layers[1], config, n,
-                               min(len(raw) - i, n)))
+                               min(len(raw) - i, n), nodes))
     return tuple(out)
+
+
+def _stage_nodes(g: Fields, island: Island) -> tuple[Node, ...]:
+    """The stage's nodes (``nodes``, a list of node ids of its island; absent in plans made
+    before node groups: the whole island)."""
+    ids = g.get("nodes", list, [n.node_id for n in island.nodes])
+    by_id = {n.node_id: n for n in island.nodes}
+    unknown = [i for i in ids if i not in by_id]
+    g.check("nodes", bool(ids) and not unknown and len(set(ids)) == len(ids),
+            f"must list distinct nodes of island {island.name}, got {unknown or ids}")
+    return tuple(by_id[i] for i in ids)
 
 
 @dataclass(frozen=True)

@@ -117,14 +117,16 @@ def _fixed_layout_time(plan: Plan, n: int) -> float | None:
             return None
         cfg = ConfigArrays.of([dataclasses.replace(c, micro_batch=micro // c.dp)])
         slc = ModelSlice(job.model, s.end - s.start, s.start == 0, s.end == job.model.layers)
-        pipe = PipelineSetting(n, min(len(plan.stages) - i, n))
-        costs = stage_costs(slc, s.island, seq, cfg, pipe)
+        behind = sum(t.plan.config.pp for t in plan.stages[i + 1:])
+        pipe = PipelineSetting(n, min(behind + 1, n))
+        costs = stage_costs(slc, s.group, seq, cfg, pipe)
         if not costs.fits(s.island.hbm_gb, job.planner.epsilon, DEFAULT_CALIBRATION)[0]:
             return None
-        subs = substage_latencies(slc, s.island, seq, cfg, pipe)[0]
+        subs = substage_latencies(slc, s.group, seq, cfg, pipe)[0]
         taus += list(subs)
         links += [0.0] * (len(subs) - 1)
         if i + 1 < len(plan.stages):
-            links.append(lm.time(s.island, plan.stages[i + 1].island))
+            nxt = plan.stages[i + 1]
+            links.append(lm.rate(s.island, nxt.island) / min(s.gpus, nxt.gpus))
         extras.append(float(costs.iteration_s[0]))
     return cycle_time(taus, links, n, plan.overlap) + max(extras)

@@ -1,10 +1,9 @@
 """Planner speed, stage by stage and end to end (run with ``-m benchmark --benchmark-enable``).
 
-Targets on a 2-core machine: the worked example planned in under 1 s, the 512-GPU job under 2 s,
-the 4096-GPU job under 10 s (Sailor reports 0.3 s, 6.2 s and 4900 s for 1, 2, 3 GPU types of 256
-GPUs each). Each end-to-end benchmark asserts its target, so a miss shows as a failure, and
-checks the answer (every plan is validated by ``plan_job``; the layers must be covered), so a fast
-wrong planner fails too.
+Targets on a 2-core machine (reported in the README beside the measured medians, not asserted:
+wall time depends on the machine's load): the worked example planned, n_micro searched, in under
+1 s; 4096 GPUs of 6 kinds under 5 s. Each end-to-end benchmark checks its answer (every plan is
+validated by ``plan_job``; the layers must be covered), so a fast wrong planner fails.
 
     /work/venv/bin/python -m pytest tests/benchmarks -m benchmark --benchmark-enable -p no:cacheprovider
 """
@@ -16,16 +15,19 @@ import pytest
 from solver.compose.dp import compose_dp
 from solver.compose.table import load_table
 from solver.islands import build_islands
-from solver.planner.candidates import CandidateCache, TableSpec, build_table
-from solver.planner.search import PlannerConfig, plan_job, start_run
+from dataclasses import replace
+
+from solver.cost.parallelizer import FeatureSet
+from solver.planner.candidates import GroupCache, TableSpec, build_stage_table
+from solver.planner.search import PlannerConfig, link_rates, plan_job, start_run
 from solver.spec.loaders import INSTANCES, load_catalog, load_cluster, load_job
 
 pytestmark = pytest.mark.benchmark
 
 JOBS = INSTANCES / "jobs"
 # Seconds (median) each end-to-end plan must stay under, and rounds measured.
-PLAN_TARGETS = {"seed-llama3-70b": (1.0, 5), "three-gen-512-llama3-70b": (2.0, 3),
-                "large-4096-llama3-70b": (10.0, 1)}
+PLAN_TARGETS = {"seed-llama3-70b": (1.0, 3), "three-gen-512-llama3-70b": (2.0, 1),
+                "large-4096-llama3-70b": (5.0, 1)}
 # Exact DP optima of the shipped tables (also pinned in tests/benchmarks/test_bench_compose.py).
 COMPOSE_CASES = {"paper_80x3": 5.4614, "mixed_128x6": 10.1836}
 
@@ -37,18 +39,20 @@ def test_bench_islands_4096(benchmark):
 
 
 def test_bench_candidates_one_island(benchmark):
-    """Every entry of the worked example's depth-2 table for its H100 island (rule 1 only)."""
+    """Every entry of the worked example's stage table for its H100 island (every group size,
+    position and length; rule 1 only)."""
     job = load_job(JOBS / "seed-llama3-70b.toml")
     run = start_run(job, PlannerConfig())
-    name, island = next((n, i) for n, i in run.cache.islands.items() if "H100" in i.gpu.name)
+    h100 = next(i for i in run.islands.islands if "H100" in i.gpu.name)
+    rates = link_rates(run)[:1, :1]
 
     def fresh():
-        cache = CandidateCache(job.model, {name: island}, run.cache.parallelizer,
-                               run.cache.context)
-        return (cache, TableSpec(2, {}, {})), {}
+        cache = GroupCache(job.model, {h100.name: h100}, run.cache.parallelizer,
+                           run.cache.context)
+        return (cache, TableSpec(), rates, (h100.name,), FeatureSet.of(job.planner.features)), {}
 
-    table = benchmark.pedantic(build_table, setup=fresh, rounds=5, iterations=1)
-    assert table.options, "the H100 island should fit some slices of Llama 3 70B"
+    cand = benchmark.pedantic(build_stage_table, setup=fresh, rounds=5, iterations=1)
+    assert cand.table.options, "the H100 island should fit some slices of Llama 3 70B"
 
 
 @pytest.mark.parametrize("name", list(COMPOSE_CASES))
@@ -61,6 +65,7 @@ def test_bench_compose_dp(benchmark, name):
 @pytest.mark.parametrize("name", list(PLAN_TARGETS))
 def test_bench_plan(benchmark, name):
     job = load_job(JOBS / f"{name}.toml")
+    job = replace(job, training=replace(job.training, n_micro=None))  # n_micro searched
     target, rounds = PLAN_TARGETS[name]
     plan = benchmark.pedantic(plan_job, args=(job,), rounds=rounds, iterations=1)
     assert sum(s.end - s.start for s in plan.stages) == job.model.layers

@@ -7,7 +7,6 @@ Every expected number below can be checked by hand from the formula
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import pytest
 

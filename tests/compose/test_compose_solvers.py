@@ -7,7 +7,6 @@ structural check and an independent recomputation of T written here, not in the 
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 

@@ -7,9 +7,11 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-import solver.planner.candidates as candidates
+import solver.compose.group_dp as group_dp
+import solver.compose.stage_table as stage_table
 from solver.cli.main import main
 from solver.cost.parallelizer import (
     AnalyticParallelizer,
@@ -26,7 +28,7 @@ from solver.planner.pruning import (
     memory_cap,
     stage_time_lb,
 )
-from solver.planner.search import PlannerConfig, _pruned_search, plan_job, start_run
+from solver.planner.search import PlannerConfig, plan_job, search, start_run
 from solver.planner.validate import PlanInvalid, problems, validate
 from solver.spec.loaders import INSTANCES, load_job
 
@@ -76,7 +78,8 @@ class FakeParallelizer:
 
 def brute_total(fake: FakeParallelizer, names, layers: int, n: int, links) -> float:
     """Best T_pipe + max iteration over every ordered island subset, cut and option choice,
-    with the exact in-flight count min(P − i, n) of every stage."""
+    with the exact in-flight count min(P − i, n) of every stage (one-node islands: a stage per
+    island at most, so this is the whole node-group space)."""
     best = math.inf
     for depth in range(1, len(names) + 1):
         for order in itertools.permutations(names, depth):
@@ -101,20 +104,23 @@ def test_planner_search_equals_brute_force(tmp_path, budget):
     fake = FakeParallelizer(dict(zip(names, [1.0, 2.5, 3.0])),
                             dict(zip(names, [budget, budget * 1.5, budget])))
     run = start_run(job, PlannerConfig(rules=Rule.DEDUPE), parallelizer=fake)
-    best = _pruned_search(run)
-    expected = brute_total(fake, names, 8, job.training.n_micro, run.links)
+    best = search(run)
+    isl = {i.name: i for i in run.islands.islands}
+    links = {(a, b): run.links.rate(isl[a], isl[b]) / min(isl[a].gpus, isl[b].gpus)
+             for a in names for b in names if a != b}
+    expected = brute_total(fake, names, 8, job.training.n_micro, links)
     assert best is not None and best.total == pytest.approx(expected, rel=1e-12)
 
 
 def test_worked_example_reproduced():
     job = load_job(INSTANCES / "jobs" / "seed-llama3-70b.toml")
     plan = plan_job(job)
-    assert [s.island.gpu.name for s in sorted(plan.stages, key=lambda s: s.island.name)] == \
-        ["H100-SXM-80GB", "A100-SXM-80GB"]
-    h100 = next(s for s in plan.stages if s.island.gpu.name.startswith("H100"))
+    assert {s.island.gpu.name for s in plan.stages} == {"H100-SXM-80GB", "A100-SXM-80GB"}
+    h100 = sum(s.end - s.start for s in plan.stages if s.island.gpu.name.startswith("H100"))
     # The seed note reports ~48 of 80 layers on the H100 island (compute share 49).
-    assert 44 <= h100.end - h100.start <= 50
+    assert 44 <= h100 <= 50
     assert plan.solver.optimal and problems(plan, job) == []
+    assert not plan.idle  # every node of both islands hosts a stage
 
 
 def test_balance_window_of_worked_example():
@@ -147,10 +153,10 @@ def test_paper_memory_check_gives_oom_plan_ours_does_not(tmp_path, monkeypatch):
                              gb=64, seq=4096, n=4, features="metis"))
     ours = plan_job(job)
     validate(ours, job)
-    original = candidates.after_for
     # The paper's check: every stage sized as if it held one micro-batch (no 1F1B in-flight).
-    monkeypatch.setattr(candidates, "after_for",
-                        lambda pos, depth: None if original(pos, depth) is None else 0)
+    monkeypatch.setattr(group_dp, "level_in_flight", lambda depth, n: np.ones(depth, np.int64))
+    for module in (group_dp, stage_table):
+        monkeypatch.setattr(module, "in_flight_counts", lambda depth, n: [1] * depth)
     with pytest.raises(PlanInvalid, match="micro-batches in flight exceeds"):
         plan_job(job)
 
@@ -158,28 +164,31 @@ def test_paper_memory_check_gives_oom_plan_ours_does_not(tmp_path, monkeypatch):
 def test_validate_catches_broken_plans():
     job = load_job(INSTANCES / "jobs" / "seed-llama3-70b.toml")
     plan = plan_job(job)
-    first, second = plan.stages
+    first, rest = plan.stages[0], plan.stages[1:]
     from dataclasses import replace
-    gap = replace(plan, stages=(replace(first, end=first.end - 1), second))
-    assert any("do not continue" in p for p in problems(gap, job))
-    cheat = replace(plan, stages=(replace(first, plan=replace(first.plan, latency_s=0.1,
-                                                               stage_latencies=(0.1,))), second))
-    assert any("latenc" in p for p in problems(cheat, job))
+
+    def with_first(stage):
+        return replace(plan, stages=(stage, *rest))
+    assert any("do not continue" in p for p in problems(with_first(replace(first, end=first.end - 1)), job))
+    cheat = replace(first, plan=replace(first.plan, latency_s=0.1, stage_latencies=(0.1,)))
+    assert any("latenc" in p for p in problems(with_first(cheat), job))
     wide = replace(first.plan, config=replace(first.plan.config, tp=16, dp=first.plan.config.dp // 4))
-    assert any("TP group" in p for p in problems(replace(plan, stages=(replace(first, plan=wide),
-                                                                       second)), job))
-    shallow = replace(plan, stages=(replace(first, in_flight=1), second))
-    assert any("sized for 1" in p for p in problems(shallow, job))
+    assert any("TP group" in p for p in problems(with_first(replace(first, plan=wide)), job))
+    assert any("sized for 1" in p for p in problems(with_first(replace(first, in_flight=1)), job))
+    twice = replace(plan, stages=(first, replace(rest[0], nodes=first.nodes), *rest[1:]))
+    assert any("used by two stages" in p for p in problems(twice, job))
 
 
 def test_plan_json_contract(capsys):
     assert main(["plan", str(INSTANCES / "jobs" / "h100-sxm-nvl-llama2-13b.toml"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"objective", "islands", "stages", "solver"}
-    assert set(out["objective"]) == {"iteration_time_s", "tokens_per_s", "bubble_ratio", "n_micro"}
-    keys = {"island", "gpu", "gpus", "layers", "tp", "cp", "ep", "pp", "dp", "zero", "recompute",
-            "offload", "latency_s", "memory_gb"}
-    assert all(set(s) == keys for s in out["stages"])
+    assert {"objective", "islands", "stages", "solver", "view", "idle_nodes"} <= set(out)
+    assert {"iteration_time_s", "tokens_per_s", "bubble_ratio", "n_micro"} <= set(out["objective"])
+    keys = {"island", "gpu", "gpus", "nodes", "layers", "tp", "cp", "ep", "pp", "dp", "zero",
+            "recompute", "offload", "latency_s", "memory_gb"}
+    assert all(keys <= set(s) for s in out["stages"])
+    used = [n for s in out["stages"] for n in s["nodes"]]
+    assert len(used) == len(set(used))  # every node in at most one stage
     assert {"name", "optimal", "time_s", "parallelizer_calls"} <= set(out["solver"])
     assert out["stages"][0]["layers"][0] == 0 and out["stages"][-1]["layers"][1] == 40
 
@@ -215,11 +224,11 @@ def test_rule_1_claim_holds_when_every_slice_is_planned(tmp_path):
     # same options, and the optimum must equal the deduplicated run's.
     job = load_job(write_job(tmp_path, ["H100-SXM-80GB", "A100-SXM-80GB", "L40S"], layers=8))
     full = start_run(job, PlannerConfig(rules=Rule.NONE, whole_cluster=False))
-    best_full = _pruned_search(full)
+    best_full = search(full)
     dedup = start_run(job, PlannerConfig(rules=Rule.DEDUPE, whole_cluster=False))
-    best_dedup = _pruned_search(dedup)
+    best_dedup = search(dedup)
     assert full.cache.mismatches == 0
-    # 3 islands × middle lengths 1..6 at in-flight 2 over starts 1..6: Σ (7 - a) = 21 slices
-    # per island instead of 6 lengths.
+    # 3 one-node islands × middle lengths 1..6 over starts 1..6: Σ (7 - a) = 21 slices per
+    # island instead of 6 lengths.
     assert full.cache.calls - dedup.cache.calls == 3 * (21 - 6)
     assert best_full.total == best_dedup.total

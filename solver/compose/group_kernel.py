@@ -1,0 +1,190 @@
+"""Compiled inner loops of the node-group DP (:mod:`solver.compose.group_dp`).
+
+Plain loops over the finite states, compiled with numba: a pass touches each reachable state
+once per transition, where array code would sweep every (mask, nodes, group, layer) cell. The
+arithmetic is the same IEEE double arithmetic as in Python, so the DP's backtracking, written in
+Python, recomputes every value bit for bit. Array layouts (all padded, ``inf`` where absent):
+
+* ``tau[k, g, p, j, d]`` — latency of a stage of group ``g`` of island ``k`` at position ``p``
+  (index into :class:`~solver.compose.table.Position`), level ``j``, length ``d``;
+* ``link[k, g, k2, g2]`` — boundary from group ``g`` of island ``k`` to the stage behind it,
+  group ``g2`` of island ``k2`` (``k2 = k``: inside the island);
+* ``W[mask, k, g, l]`` and ``X[k, mi, u, g, l]`` — the DP states of one level (see the DP's
+  module docstring).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_FIRST, _MIDDLE, _LAST, _ONLY = 0, 1, 2, 3  # Position order
+
+
+@njit(cache=True)
+def level_latencies(lat: np.ndarray, it: np.ndarray, cap: np.ndarray, vcap: float,
+                    held: np.ndarray, out: np.ndarray) -> None:
+    """``out[j, d]`` = least latency over options of length ``d`` with per-iteration time
+    ``<= vcap`` and capacity ``>= held[j]`` (``inf`` if none). ``lat``/``it``/``cap`` are
+    ``(L + 1, O)`` with options ordered by decreasing capacity."""
+    levels, width = out.shape
+    n_opt = lat.shape[1]
+    for d in range(width):
+        best = np.inf
+        o = 0
+        # Levels need non-decreasing capacity; walk them from the most demanding down.
+        for j in range(levels - 1, -1, -1):
+            while o < n_opt and cap[d, o] >= held[j]:
+                if it[d, o] <= vcap and lat[d, o] < best:
+                    best = lat[d, o]
+                o += 1
+            out[j, d] = best
+
+
+@njit(cache=True)
+def _comb(a: float, b: float, sum_mode: bool) -> float:
+    return a + b if sum_mode else max(a, b)
+
+
+@njit(cache=True)
+def level_step(j: int, w: np.ndarray, x: np.ndarray, tau: np.ndarray, dmax: np.ndarray,
+               link: np.ndarray, gu: np.ndarray, ngroups: np.ndarray, units: np.ndarray,
+               masks: np.ndarray, nmask: np.ndarray, allowed: np.ndarray, cap: float,
+               sum_mode: bool, overlap: bool, new_w: np.ndarray, new_x: np.ndarray,
+               best: np.ndarray) -> None:
+    """Place one stage at level ``j`` from every state of ``w``/``x`` into ``new_w``/``new_x``
+    (filled with ``inf`` by the caller). Complete plans improve ``best`` = ``[value, k, mask
+    index, group, nodes]`` (strictly smaller values only)."""
+    big_k = tau.shape[0]
+    big_l = tau.shape[4] - 1
+    for k in range(big_k):
+        for mi in range(nmask[k]):
+            mask = masks[k, mi]
+            if j == 0:
+                if mask == 0:
+                    _from_start(k, mi, tau, dmax, gu, ngroups, units, allowed, cap, sum_mode,
+                                new_x, best)
+                continue
+            _from_blocks(j, k, mi, mask, w, tau, dmax, link, gu, ngroups, units, allowed, cap,
+                         sum_mode, overlap, new_x, best, big_l)
+            _from_open(j, k, mi, mask, x, tau, dmax, link, gu, ngroups, units, allowed, cap,
+                       sum_mode, overlap, new_x, best, big_l)
+    _close_blocks(new_x, new_w, masks, nmask, ngroups, units)
+
+
+@njit(cache=True)
+def _offer(best: np.ndarray, value: float, k: int, mi: int, gi: int, u: int) -> None:
+    if value < best[0]:
+        best[0], best[1], best[2], best[3], best[4] = value, k, mi, gi, u
+
+
+@njit(cache=True)
+def _from_start(k, mi, tau, dmax, gu, ngroups, units, allowed, cap, sum_mode, new_x, best):
+    """The pipeline's last stage (holds the LM head; the whole model when it is the only one)."""
+    big_l = tau.shape[4] - 1
+    for gi in range(ngroups[k]):
+        g = gu[k, gi]
+        if g > units[k]:
+            continue
+        for d in range(1, min(dmax[k, gi, _LAST, 0], big_l - 1) + 1):
+            t = tau[k, gi, _LAST, 0, d]
+            if t <= cap:
+                v = _comb(0.0, t, sum_mode)
+                if v < new_x[k, mi, g, gi, d]:
+                    new_x[k, mi, g, gi, d] = v
+        t = tau[k, gi, _ONLY, 0, big_l]
+        if t <= cap and allowed[1 << k]:
+            _offer(best, _comb(0.0, t, sum_mode), k, mi, gi, g)
+
+
+@njit(cache=True)
+def _place(j, k, mi, gi, g_units, base, c, l, tau, dmax, allowed, mask, cap, sum_mode, overlap,
+           new_x, best, big_l):
+    """A stage of group ``gi`` and every length in front of a state of value ``base`` at ``l``
+    layers, behind it a boundary of ``c`` seconds."""
+    top = min(dmax[k, gi, _MIDDLE, j], big_l - 1 - l)
+    for d in range(1, top + 1):
+        t = tau[k, gi, _MIDDLE, j, d]
+        if t <= cap:
+            v = _comb(base, max(t, c), sum_mode) if overlap else \
+                _comb(_comb(base, c, sum_mode), t, sum_mode)
+            if v < new_x[k, mi, g_units, gi, l + d]:
+                new_x[k, mi, g_units, gi, l + d] = v
+    t = tau[k, gi, _FIRST, j, big_l - l]
+    if t <= cap and allowed[mask | (1 << k)]:
+        v = _comb(base, max(t, c), sum_mode) if overlap else \
+            _comb(_comb(base, c, sum_mode), t, sum_mode)
+        _offer(best, v, k, mi, gi, g_units)
+
+
+@njit(cache=True)
+def _from_blocks(j, k, mi, mask, w, tau, dmax, link, gu, ngroups, units, allowed, cap, sum_mode,
+                 overlap, new_x, best, big_l):
+    """A new block of island ``k`` in front of a closed block of another island."""
+    big_k = tau.shape[0]
+    for k2 in range(big_k):
+        if not (mask >> k2) & 1:
+            continue
+        for g2 in range(ngroups[k2]):
+            for l in range(1, big_l):
+                wv = w[mask, k2, g2, l]
+                if wv == np.inf:
+                    continue
+                for gi in range(ngroups[k]):
+                    c = link[k, gi, k2, g2]
+                    if c > cap or gu[k, gi] > units[k]:
+                        continue
+                    _place(j, k, mi, gi, gu[k, gi], wv, c, l, tau, dmax, allowed, mask, cap,
+                           sum_mode, overlap, new_x, best, big_l)
+
+
+@njit(cache=True)
+def _from_open(j, k, mi, mask, x, tau, dmax, link, gu, ngroups, units, allowed, cap, sum_mode,
+               overlap, new_x, best, big_l):
+    """One more stage in front of island ``k``'s open block."""
+    for u in range(1, units[k] + 1):
+        for gp in range(ngroups[k]):
+            for l in range(1, big_l):
+                xv = x[k, mi, u, gp, l]
+                if xv == np.inf:
+                    continue
+                for gi in range(ngroups[k]):
+                    g = gu[k, gi]
+                    c = link[k, gi, k, gp]
+                    if u + g > units[k] or c > cap:
+                        continue
+                    _place(j, k, mi, gi, u + g, xv, c, l, tau, dmax, allowed, mask, cap,
+                           sum_mode, overlap, new_x, best, big_l)
+
+
+@njit(cache=True)
+def _close_blocks(new_x, new_w, masks, nmask, ngroups, units):
+    """``W[mask ∪ k, k, g, l] = min_u X[k, mi, u, g, l]``: the open blocks, closed."""
+    big_k = new_x.shape[0]
+    width = new_x.shape[4]
+    for k in range(big_k):
+        for mi in range(nmask[k]):
+            mask2 = masks[k, mi] | (1 << k)
+            for u in range(1, units[k] + 1):
+                for gi in range(ngroups[k]):
+                    for l in range(width):
+                        v = new_x[k, mi, u, gi, l]
+                        if v < new_w[mask2, k, gi, l]:
+                            new_w[mask2, k, gi, l] = v
+
+
+@njit(cache=True)
+def prune(arr: np.ndarray, rest: np.ndarray, budget: float) -> bool:
+    """Set states whose value plus ``rest[l]`` exceeds ``budget`` to ``inf`` (last axis ``l``);
+    returns whether any finite state is left."""
+    flat = arr.reshape(-1, arr.shape[-1])
+    alive = False
+    for i in range(flat.shape[0]):
+        for l in range(flat.shape[1]):
+            v = flat[i, l]
+            if v != np.inf:
+                if v + rest[l] > budget:
+                    flat[i, l] = np.inf
+                else:
+                    alive = True
+    return alive

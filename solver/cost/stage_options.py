@@ -1,0 +1,138 @@
+"""Options of one pipeline stage for every slice length, for node-group composition.
+
+A stage of a multi-stage pipeline runs its slice without internal pipelining (``pp = 1``) and
+holds as many micro-batches of activations as its global position dictates, which composition
+decides. So instead of checking one in-flight count, :func:`plan_stages` returns, per length,
+the Pareto set over (latency ↓, per-iteration time ↓, most micro-batches in flight that fit ↑),
+from one vectorized cost-model evaluation of every configuration and length. The options are
+kept as arrays (:class:`StageOptions`); a :class:`~solver.cost.parallelizer.PartialPlan` is
+built only for the options a plan uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from solver.cost.parallelizer import (FeatureSet, PartialPlan, PlanContext, _plans, _SliceBatch,
+                                      enumerate_configs)
+from solver.cost.stage import ConfigArrays, ModelSlice
+from solver.cost.stage_costs import PipelineSetting, StageCosts, in_flight_capacity, stage_costs
+from solver.spec.domain import Island, ModelSpec
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """The chosen rows of one evaluation (configurations × lengths)."""
+
+    cfg: ConfigArrays
+    costs: StageCosts
+    capacity: np.ndarray
+
+    def plan(self, row: int) -> PartialPlan:
+        index = np.array([row])
+        return _plans(self.cfg, self.costs, index, [(float(self.costs.latency_s[row]),)],
+                      [int(self.capacity[row])])[0]
+
+
+class StageOptions(Sequence):
+    """The options of one slice length: arrays ``latency``, ``iteration``, ``capacity`` and,
+    by index, the partial plans (built on first access)."""
+
+    def __init__(self, batch: _Batch, rows: np.ndarray) -> None:
+        self._batch, self._rows = batch, rows
+        self.latency = batch.costs.latency_s[rows]
+        self.iteration = batch.costs.iteration_s[rows]
+        self.capacity = batch.capacity[rows]
+
+    def __len__(self) -> int:
+        return int(self._rows.size)
+
+    def __getitem__(self, i):  # noqa: D105 - Sequence protocol
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self._batch.plan(int(self._rows[i]))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StageOptions):
+            return NotImplemented
+        return (np.array_equal(self.latency, other.latency)
+                and np.array_equal(self.iteration, other.iteration)
+                and np.array_equal(self.capacity, other.capacity)
+                and [p.config for p in self] == [p.config for p in other])
+
+    __hash__ = None  # mutable-looking sequence: not hashable
+
+
+def plan_stages(parallelizer, model: ModelSpec, lengths: list[int], has_embedding: bool,
+                has_head: bool, island: Island, context: PlanContext) -> list[StageOptions]:
+    """Per length, the Pareto options of a stage on all of ``island`` (``parallelizer``'s
+    features and calibration), each with its ``max_in_flight`` (capped at ``n_micro``); memory
+    is reported at one micro-batch in flight."""
+    ctx = PlanContext(**{**context.__dict__, "in_flight": 1, "max_pp": 1})
+    feats = FeatureSet.of(parallelizer.features).meet(FeatureSet.of(ctx.features))
+    base = enumerate_configs(ModelSlice(model, max(lengths), has_embedding, has_head), island,
+                             ctx, feats) if lengths else ConfigArrays.of([])
+    m = len(base)
+    if m == 0:
+        return [_empty() for _ in lengths]
+    cfg = base.take(np.tile(np.arange(m), len(lengths)))
+    batch = _SliceBatch(model, np.repeat(np.asarray(lengths), m), has_embedding, has_head)
+    pipe = PipelineSetting(ctx.n_micro, 1, ctx.schedule, ctx.virtual_stages)
+    costs = stage_costs(batch, island, ctx.seq_len, cfg, pipe, parallelizer.calibration)
+    cap = in_flight_capacity(batch, island, ctx.seq_len, cfg, costs, ctx.n_micro, ctx.epsilon,
+                             parallelizer.calibration)
+    idx = np.flatnonzero(cap > 0)
+    keep = pareto_capacity_mask(idx // m, costs.latency_s[idx], costs.iteration_s[idx], cap[idx])
+    chosen = idx[keep]
+    chosen = chosen[np.lexsort((costs.latency_s[chosen], chosen // m))]
+    owner = chosen // m
+    bounds = np.searchsorted(owner, np.arange(len(lengths) + 1))
+    full = _Batch(cfg, costs, cap)
+    return [StageOptions(full, chosen[bounds[i]:bounds[i + 1]]) for i in range(len(lengths))]
+
+
+def _empty() -> StageOptions:
+    """No option (nothing fits, or no layout)."""
+    out = StageOptions.__new__(StageOptions)
+    out._batch, out._rows = None, np.zeros(0, dtype=np.int64)
+    out.latency = out.iteration = np.zeros(0)
+    out.capacity = np.zeros(0, dtype=np.int64)
+    return out
+
+
+def pareto_capacity_mask(groups: np.ndarray, latency: np.ndarray, iteration: np.ndarray,
+                         capacity: np.ndarray) -> np.ndarray:
+    """Members not dominated within their group in (latency ↓, iteration ↓, capacity ↑).
+
+    Same answer as :func:`~solver.cost.parallelizer.pareto_mask` on ``(latency, iteration,
+    −capacity)`` (identical rows: the first survives): rows sorted by (group, latency,
+    iteration, −capacity) are dominated exactly when an earlier row of their group has no
+    larger iteration time and no smaller capacity (capacities are small integers).
+    """
+    order = np.lexsort((-capacity, iteration, latency, groups))
+    dominated = _dominated(groups[order], iteration[order], capacity[order].astype(np.int64))
+    keep = np.zeros(order.size, dtype=bool)
+    keep[order[~dominated]] = True
+    return keep
+
+
+@njit(cache=True)
+def _dominated(groups: np.ndarray, iteration: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    out = np.zeros(groups.size, dtype=np.bool_)
+    top = int(capacity.max()) + 1 if capacity.size else 1
+    best = np.full(top + 1, np.inf)  # best[c]: least iteration among earlier rows of cap >= c
+    for i in range(groups.size):
+        if i == 0 or groups[i] != groups[i - 1]:
+            best[:] = np.inf
+        c = capacity[i]
+        if best[c] <= iteration[i]:
+            out[i] = True
+            continue
+        for cc in range(c + 1):
+            if iteration[i] < best[cc]:
+                best[cc] = iteration[i]
+    return out

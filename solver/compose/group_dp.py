@@ -43,7 +43,7 @@ from __future__ import annotations
 import enum
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from time import perf_counter
 
 import numpy as np
@@ -182,6 +182,16 @@ def _kernels(prep: _Prep, vcap: float) -> _Kernels:
     return _Kernels(tau, dmax, vcap)
 
 
+def _lengths_under(kern: _Kernels, cap: float) -> np.ndarray:
+    """``dmax[k, g, p, j]``: the longest slice whose latency is within ``cap`` (0 if none), so
+    the passes never scan lengths beyond it."""
+    if not np.isfinite(cap):
+        return kern.dmax
+    ok = kern.tau <= cap
+    last = ok.shape[-1] - 1 - np.argmax(ok[..., ::-1], axis=-1)
+    return np.where(ok.any(axis=-1), last, 0).astype(np.int64)
+
+
 def _kern(kern: _Kernels, k: int, gi: int, j: int, complete: bool) -> np.ndarray:
     """The latencies of a stage placed at level ``j``: LAST/ONLY at ``j = 0``, else
     MIDDLE/FIRST (row over lengths)."""
@@ -203,14 +213,18 @@ class _Pass:
     x_levels: list        # level j -> (K, Mk, U+1, G, L+1)
     value: float
     final: tuple | None   # (j, k, mask index, gi, u) of the best complete plan
+    pruned: bool = False  # some state was dropped by the budget (not by a found plan)
 
 
 def _run_pass(prep: _Prep, kern: _Kernels, cap: float, mode: Mode, budget: float = _INF,
-              rate: float = 0.0) -> _Pass:
+              rate: float = 0.0, t_bound: float = _INF) -> _Pass:
     """One DP pass over the levels (see the module docstring).
 
     With a ``budget`` (SUM mode), a state whose sum plus ``rate`` per uncovered layer (a lower
     bound on what the rest costs) exceeds it is dropped: no plan through it stays within budget.
+    With ``t_bound``, a state of sum ``s`` over ``j`` placed stages is dropped when
+    ``(n − 1)·s/j + s + rest > t_bound``: the bottleneck is at least the mean of the placed
+    stages and links, so no plan through it has ``T_pipe`` below ``t_bound``.
     """
     t = prep.table
     big_k, big_g = prep.gu.shape
@@ -221,17 +235,26 @@ def _run_pass(prep: _Prep, kern: _Kernels, cap: float, mode: Mode, budget: float
     ps = _Pass(kern, cap, mode, [w], [x], _INF, None)
     rest = (big_l - np.arange(big_l + 1)) * rate
     sum_mode = mode is Mode.SUM
+    dmax = _lengths_under(kern, cap)
     for j in range(prep.depth):
         new_w, new_x = np.full(w_shape, _INF), np.full(x_shape, _INF)
         best = np.array([_INF, -1, -1, -1, -1])
-        level_step(j, w, x, kern.tau, kern.dmax, prep.link, prep.gu, prep.ngroups, prep.units,
+        level_step(j, w, x, kern.tau, dmax, prep.link, prep.gu, prep.ngroups, prep.units,
                    prep.masks, prep.nmask, prep.allowed, cap, sum_mode, prep.overlap, new_w,
                    new_x, best)
         if best[0] < ps.value and best[0] <= budget:
             ps.value = float(best[0])
             ps.final = (j, int(best[1]), int(best[2]), int(best[3]), int(best[4]))
-        alive = prune(new_x, rest, budget)
-        prune(new_w, rest, budget)
+        elif best[0] > budget and np.isfinite(best[0]):
+            ps.pruned = True  # a complete plan over the budget was dropped
+        # A complete plan bounds the pass too: a state that cannot beat it strictly is dropped
+        # (values only grow along a path, by at least ``rate`` per layer).
+        bound = min(budget, ps.value)
+        scale = (t.n_micro - 1) / (j + 1) if sum_mode else 0.0
+        flags = prune(new_x, rest, bound, scale, t_bound) | \
+            prune(new_w, rest, bound, scale, t_bound)
+        alive = flags & 1
+        ps.pruned = ps.pruned or bool(flags & 2 and budget < ps.value)
         w, x = new_w, new_x
         ps.w_levels.append(w)
         ps.x_levels.append(x)
@@ -355,6 +378,45 @@ def _cap_values(prep: _Prep, kern: _Kernels, floor: float) -> np.ndarray:
     return allv[allv >= floor]
 
 
+def _capacity_floor(prep: _Prep, kern: _Kernels, values: np.ndarray) -> float:
+    """A lower bound on the bottleneck: the least cap ``C`` under which the islands could hold
+    all ``L`` layers at all, each group's longest slice within ``C`` at any position with one
+    micro-batch in flight (a stage of a real plan is no shorter-lived) and each island's groups
+    within its nodes (an unbounded knapsack per island). ``inf`` if no cap is enough."""
+    big_l = prep.table.layers
+    best = np.where(np.isfinite(kern.tau[:, :, :, 0, :]), kern.tau[:, :, :, 0, :], _INF).min(axis=2)
+    lengths = np.arange(big_l + 1)
+
+    def layers_under(cap: float) -> int:
+        total = 0
+        for k in range(len(prep.units)):
+            longest = [int(lengths[best[k, gi] <= cap].max(initial=0))
+                       for gi in range(int(prep.ngroups[k]))]
+            total += _knapsack(int(prep.units[k]), prep.gu[k, :prep.ngroups[k]], longest,
+                               prep.depth)
+        return total
+
+    lo, hi = 0, values.size - 1
+    if values.size == 0 or layers_under(float(values[hi])) < big_l:
+        return _INF
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if layers_under(float(values[mid])) >= big_l:
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(values[lo])
+
+
+def _knapsack(units: int, sizes, value, most: int) -> int:
+    """Most layers of stages whose group sizes (node granules) add up to at most ``units``."""
+    best = [0] * (units + 1)
+    for u in range(1, units + 1):
+        best[u] = max([best[u - 1]] + [best[u - int(g)] + v for g, v in zip(sizes, value)
+                                        if 0 < g <= u])
+    return min(best[units], most * max(value, default=0))
+
+
 def _rate_floor(kern: _Kernels) -> float:
     """``min τ/d`` over every entry: a stage of ``d`` layers costs at least ``d`` times it."""
     d = np.arange(kern.tau.shape[-1])
@@ -363,11 +425,22 @@ def _rate_floor(kern: _Kernels) -> float:
     return float(r.min()) if r.size else _INF
 
 
-def _evaluate(prep: _Prep, kern: _Kernels, cap: float, budget: float, rate: float):
+def _evaluate(prep: _Prep, kern: _Kernels, cap: float, budget: float, rate: float,
+              t_bound: float = _INF):
     """``(S, bottleneck, stages)`` of the least-sum plan under the caps, or None when no plan's
-    sum is within ``budget``."""
+    sum is within ``budget``.
+
+    Without a budget, passes run under growing trial budgets from the lower bound ``L·rate``
+    (×1.5 each): a pass that finds a plan within its trial budget is exact (every better plan
+    is within it too), and a pass that finds none is cheap, its states pruned early.
+    """
     vcap = kern.vcap
-    ps = _run_pass(prep, kern, cap, Mode.SUM, budget, rate)
+    trial = max(rate * prep.table.layers, 1e-12) * 1.5
+    while True:
+        ps = _run_pass(prep, kern, cap, Mode.SUM, min(budget, trial), rate, t_bound)
+        if ps.final is not None or trial >= budget or not ps.pruned:
+            break  # a plan; or the real budget was used; or the trial budget cut nothing
+        trial *= 1.5
     if ps.final is None:
         return None
     stages = _decode(prep, _backtrack(prep, ps), cap, vcap)
@@ -384,15 +457,12 @@ def _search_caps(prep: _Prep, vcap: float, t_budget: float = _INF):
     n = prep.table.n_micro
     kern = _kernels(prep, vcap)
     rate = _rate_floor(kern)
-    # A bottleneck m gives T_pipe >= (n−1)·m + max(m, L·rate): the min-max pass drops states
-    # whose bottleneck already rules that out.
-    max_budget = _INF if not np.isfinite(t_budget) else \
-        (t_budget - rate * prep.table.layers) / max(n - 1, 1)
-    floor = _run_pass(prep, kern, _INF, Mode.MAX, max_budget if n > 1 else _INF).value
+    values = _cap_values(prep, kern, 0.0)
+    floor = _capacity_floor(prep, kern, values)
     s_lb = max(floor, rate * prep.table.layers)
     if not np.isfinite(floor) or (n - 1) * floor + s_lb >= t_budget:
         return None
-    values = _cap_values(prep, kern, floor)
+    values = values[values >= floor]
     best = [t_budget, _INF, None]
     stack = [(-1, _INF, values.size, s_lb)]
     while stack:
@@ -400,7 +470,8 @@ def _search_caps(prep: _Prep, vcap: float, t_budget: float = _INF):
         if b - a <= 1 or s_a <= s_b or (n - 1) * values[a + 1] + s_b >= best[0]:
             continue
         mid = a + 1 if a < 0 else (a + b) // 2
-        found = _evaluate(prep, kern, float(values[mid]), best[0] - (n - 1) * floor, rate)
+        found = _evaluate(prep, kern, float(values[mid]), best[0] - (n - 1) * floor, rate,
+                          best[0])
         if found is None:  # S(C_mid) is over budget, and so is S at every smaller cap
             stack.append((mid, _INF, b, s_b))
             continue
@@ -451,6 +522,21 @@ def _search_iteration(prep: _Prep, values: np.ndarray, incumbent: float = _INF):
     return None if best[1] is None else (best[0], best[1])
 
 
+SHALLOW_DEPTH = 8  # stages of the first, cheap search whose plan bounds the full one
+
+
+def _shallow_first(table, restrictions, overlap, prep, iters):
+    """The best plan of at most :data:`SHALLOW_DEPTH` stages first (a cheap search: few
+    levels), then the full search for anything strictly better: its passes drop every state
+    that cannot beat that plan. Exact: the answer is the better of the two."""
+    shallow = replace(restrictions or GroupRestrictions(), max_stages=SHALLOW_DEPTH)
+    first = _search_iteration(_prepare(table, shallow, overlap), iters)
+    if first is None:
+        return _search_iteration(prep, iters)
+    better = _search_iteration(prep, iters, first[0])
+    return better if better is not None else first
+
+
 def compose_groups_dp(table: StageTable, restrictions: GroupRestrictions | None = None,
                       overlap: bool = False, incumbent: float = _INF) -> GroupResult:
     """Exact optimal composition of ``table`` over node-group stages.
@@ -481,7 +567,12 @@ def compose_groups_dp(table: StageTable, restrictions: GroupRestrictions | None 
     prep = _prepare(table, restrictions, overlap)
     iters = np.unique(np.concatenate([o.iteration[np.isfinite(o.latency)]
                                       for o in table.options.values()] + [np.array([])]))
-    found = _search_iteration(prep, iters, incumbent) if iters.size else None
+    if not iters.size:
+        found = None
+    elif prep.depth > SHALLOW_DEPTH and not np.isfinite(incumbent):
+        found = _shallow_first(table, restrictions, overlap, prep, iters)
+    else:
+        found = _search_iteration(prep, iters, incumbent)
     best = None if found is None else found[1]
     elapsed = perf_counter() - t0
     if best is None:

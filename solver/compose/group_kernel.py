@@ -174,17 +174,20 @@ def _close_blocks(new_x, new_w, masks, nmask, ngroups, units):
 
 
 @njit(cache=True)
-def prune(arr: np.ndarray, rest: np.ndarray, budget: float) -> bool:
-    """Set states whose value plus ``rest[l]`` exceeds ``budget`` to ``inf`` (last axis ``l``);
-    returns whether any finite state is left."""
+def prune(arr: np.ndarray, rest: np.ndarray, budget: float, scale: float = 0.0,
+          t_bound: float = np.inf) -> int:
+    """Set states to ``inf`` (last axis ``l``) whose value ``v`` gives ``v + rest[l] > budget``
+    or ``v·(1 + scale) + rest[l] > t_bound``; returns ``1`` if a finite state is left plus
+    ``2`` if any was removed."""
     flat = arr.reshape(-1, arr.shape[-1])
-    alive = False
+    alive, removed = 0, 0
     for i in range(flat.shape[0]):
         for l in range(flat.shape[1]):
             v = flat[i, l]
             if v != np.inf:
-                if v + rest[l] > budget:
+                if v + rest[l] > budget or v * (1.0 + scale) + rest[l] > t_bound:
                     flat[i, l] = np.inf
+                    removed = 2
                 else:
-                    alive = True
-    return alive
+                    alive = 1
+    return alive | removed

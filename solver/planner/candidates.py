@@ -28,7 +28,7 @@ from solver.cost.stage import ModelSlice
 from solver.islands import group_island
 from solver.spec.domain import Island, ModelSpec
 
-MAX_GROUP_UNITS = 64  # node granules per island in the composition
+MAX_GROUP_UNITS = 16  # node granules per island in the composition
 
 
 @dataclass(frozen=True)

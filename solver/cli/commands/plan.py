@@ -76,6 +76,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def compact_ids(ids: list[str]) -> str:
+    """``a100-0..a100-3, h100-7``: consecutive node ids of one prefix as ranges."""
+    runs: list[list] = []
+    for node in ids:
+        prefix, _, num = node.rpartition("-")
+        if num.isdigit() and runs and runs[-1][0] == prefix and runs[-1][2] == int(num) - 1:
+            runs[-1][2] = int(num)
+        else:
+            runs.append([prefix, int(num), int(num)] if num.isdigit() else [node, None, None])
+    return ", ".join(r[0] if r[1] is None else f"{r[0]}-{r[1]}" if r[1] == r[2]
+                     else f"{r[0]}-{r[1]}..{r[0]}-{r[2]}" for r in runs)
+
+
+def _idle_lines(plan: Plan) -> list[str]:
+    """One line per reason nodes stay idle (nothing when every node hosts a stage)."""
+    by_reason: dict[str, list[str]] = {}
+    for node, why in plan.idle:
+        by_reason.setdefault(why, []).append(node)
+    return [""] + [f"idle: {compact_ids(nodes)} ({len(nodes)} node{'s' * (len(nodes) > 1)}): "
+                   f"{why}" for why, nodes in by_reason.items()] if by_reason else []
+
+
 def render_plan(plan: Plan) -> str:
     """Readable plan: islands, stages, objective, solver."""
     job = plan.job
@@ -86,12 +108,17 @@ def render_plan(plan: Plan) -> str:
     rows = []
     for s in plan.stages:
         c = s.plan.config
-        rows.append({"island": s.island.name, "gpu": s.island.gpu.name, "gpus": s.island.gpus,
+        rows.append({"island": s.island.name, "gpu": s.island.gpu.name,
+                     "nodes": compact_ids(s.node_ids), "gpus": s.gpus,
                      "layers": f"[{s.start}, {s.end})", "tp": c.tp, "cp": c.cp, "ep": c.ep,
                      "pp": c.pp, "dp": c.dp, "zero": c.zero, "recompute": c.recompute.value,
                      "offload": "yes" if c.offload else "no", "mb/replica": c.micro_batch,
                      "latency ms": s.plan.latency_s * 1e3, "mem GB": s.plan.memory_gb})
     lines.append(render_table(rows))
+    lines += _idle_lines(plan)
+    if plan.view != "islands":
+        lines += ["", f"view: the {plan.view} as one island at its weakest node's figures "
+                      "(a heterogeneity-oblivious plan) beats every plan over the islands"]
     info = plan.solver
     proven = "proven optimal" if info.optimal else f"NOT proven optimal (gap {info.gap})"
     lines += ["", f"iteration time {plan.iteration_time_s:.3f} s "

@@ -1,0 +1,187 @@
+"""Node-group composition: hand-solved tables, every solver against brute force, invariants.
+
+The brute force enumerates island orders, group sequences, cuts and options independently of
+the DP; CP-SAT and the MILP solve the slot model of ``formulations/groups_common.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from formulations.groups_cpsat import solve_groups_cpsat
+from formulations.groups_milp import solve_groups_milp
+from solver.compose.dp import compose_dp
+from solver.compose.group_brute import compose_groups_brute
+from solver.compose.group_dp import compose_groups_dp
+from solver.compose.stage_table import (UNLIMITED, GroupRestrictions, GroupStage, IslandSlots,
+                                        Options, StageTable, group_objective, group_problems,
+                                        stage_table_from_latency)
+from solver.compose.table import Budget, Position, load_table
+from solver.spec.loaders import INSTANCES
+
+SOLVERS = {"dp": compose_groups_dp, "brute": compose_groups_brute,
+           "cpsat": solve_groups_cpsat, "milp": solve_groups_milp}
+POSITIONS = list(Position)
+
+
+def one_island(layers: int, nodes: int, rows: dict, rate: float = 0.0, n: int = 4) -> StageTable:
+    """A one-island table: ``rows[(g, pos)] = {length: [(lat, it, cap), ...]}``."""
+    groups = tuple(sorted({g for g, _ in rows}))
+    options = {(0, g, pos): Options.from_lists(layers, r) for (g, pos), r in rows.items()}
+    return StageTable(layers, n, (IslandSlots("a", nodes, 1, groups),), options,
+                      np.array([[rate]]))
+
+
+def test_two_stages_on_two_nodes_by_hand():
+    # 2 layers, 2 nodes, n = 4. One stage on both nodes: 3.0 per micro-batch, T = 4·3 = 12.
+    # Two one-node stages of 1.0 each and a boundary of rate 2 over one GPU stream: c = 2,
+    # T = 3·max(1, 2, 1) + 1 + 2 + 1 = 10. Rate 4 makes c = 4: T = 3·4 + 6 = 18 > 12.
+    rows = {(2, Position.ONLY): {2: [(3.0, 0.0, UNLIMITED)]},
+            (1, Position.FIRST): {1: [(1.0, 0.0, UNLIMITED)]},
+            (1, Position.LAST): {1: [(1.0, 0.0, UNLIMITED)]}}
+    for rate, expected in ((2.0, 10.0), (4.0, 12.0)):
+        for name, solve in SOLVERS.items():
+            result = solve(one_island(2, 2, rows, rate))
+            assert result.objective == pytest.approx(expected, rel=1e-6), name
+
+
+def test_in_flight_capacity_decides_the_split_by_hand():
+    # 2 layers on 2 nodes, n = 2, no links. Two one-node stages: the front one holds 2
+    # micro-batches. Its fast option (1.0) holds only 1, so it must take the lean one (2.0):
+    # T = 1·2 + 2 + 1 = 5. With the fast option holding 2, T = 1·1 + 1 + 1 = 3.
+    for cap, expected in ((1, 5.0), (2, 3.0)):
+        rows = {(1, Position.FIRST): {1: [(1.0, 0.0, cap), (2.0, 0.0, 2)]},
+                (1, Position.LAST): {1: [(1.0, 0.0, 1)]}}
+        for name, solve in SOLVERS.items():
+            result = solve(one_island(2, 2, rows, n=2))
+            assert result.objective == pytest.approx(expected, rel=1e-6), name
+            assert result.stages[0].in_flight == 2 and result.stages[1].in_flight == 1
+
+
+def test_per_iteration_term_is_the_slowest_stage_by_hand():
+    # One stage of 2 layers: option A (lat 1, it 3) or B (lat 1.5, it 0); n = 2:
+    # A gives 2·1 + 3 = 5, B gives 2·1.5 + 0 = 3.
+    rows = {(1, Position.ONLY): {2: [(1.0, 3.0, UNLIMITED), (1.5, 0.0, UNLIMITED)]}}
+    for name, solve in SOLVERS.items():
+        assert solve(one_island(2, 1, rows, n=2)).objective == pytest.approx(3.0), name
+
+
+@pytest.mark.parametrize("path", sorted((INSTANCES / "tables").glob("*.json")),
+                         ids=lambda p: p.stem)
+@pytest.mark.parametrize("overlap", [False, True])
+def test_latency_tables_agree_with_the_one_stage_per_island_dp(path, overlap):
+    table = load_table(path)
+    ours = compose_groups_dp(stage_table_from_latency(table), overlap=overlap)
+    theirs = compose_dp(table, overlap=overlap)
+    assert ours.objective == pytest.approx(theirs.objective, rel=1e-12)
+
+
+@st.composite
+def stage_tables(draw):
+    """Small random stage tables: 1-3 islands of 1-3 nodes, 2-6 layers, several options with
+    capacities and per-iteration times, links inside and between islands, and restrictions."""
+    layers, n = draw(st.integers(2, 6)), draw(st.integers(1, 6))
+    big_k = draw(st.integers(1, 3))
+    islands, options = [], {}
+    for k in range(big_k):
+        nodes = draw(st.integers(1, 3))
+        groups = tuple(sorted(set(draw(st.lists(st.integers(1, nodes), min_size=1, max_size=3)))))
+        islands.append(IslandSlots(f"i{k}", nodes, draw(st.sampled_from([1, 2])), groups))
+        for g in groups:
+            for pos in POSITIONS:
+                rows = _rows(draw, pos, layers, g)
+                if rows:
+                    options[(k, g, pos)] = Options.from_lists(layers, rows)
+    rate = np.array([[draw(st.sampled_from([0.0, 0.5, 2.0])) for _ in range(big_k)]
+                     for _ in range(big_k)])
+    table = StageTable(layers, n, tuple(islands), options, rate,
+                       use_all=draw(st.booleans()) and big_k > 1)
+    return table, _restrictions(draw, table)
+
+
+def _rows(draw, pos, layers, g):
+    lengths = {Position.ONLY: [layers], Position.MIDDLE: range(1, layers - 1)}.get(
+        pos, range(1, layers))
+    rows = {}
+    for d in lengths:
+        if draw(st.integers(0, 9)) == 0:
+            continue  # an entry that fits nowhere
+        count = draw(st.integers(1, 3))
+        rows[d] = [(round(draw(st.floats(0.5, 2.0)) * d / g, 3),
+                    draw(st.sampled_from([0.0, 0.25, 1.0, 2.0])),
+                    draw(st.sampled_from([1, 2, 3, UNLIMITED]))) for _ in range(count)]
+    return rows
+
+
+def _restrictions(draw, table):
+    names = table.names()
+    if not draw(st.booleans()):
+        return None
+    bans = frozenset((a, b) for a in names for b in names
+                     if a != b and draw(st.integers(0, 3)) == 0)
+    budget = None
+    if draw(st.booleans()):
+        rates = {name: float(draw(st.integers(0, 3))) for name in names}
+        budget = Budget(rates, float(draw(st.integers(0, 6))))
+    return GroupRestrictions(bans, draw(st.one_of(st.none(), st.integers(1, 4))), budget)
+
+
+def _agree(a, b) -> bool:
+    if a.objective is None or b.objective is None:
+        return a.objective is None and b.objective is None
+    return math.isclose(a.objective, b.objective, rel_tol=1e-5)
+
+
+@settings(max_examples=120, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(stage_tables(), st.booleans())
+def test_dp_equals_brute_force(case, overlap):
+    table, restr = case
+    dp, brute = compose_groups_dp(table, restr, overlap), compose_groups_brute(table, restr, overlap)
+    assert _agree(dp, brute)
+    if dp.feasible:
+        assert group_problems(table, dp.stages, restr) == []
+        # An independent recomputation of T: the stage latencies and the links summed here.
+        taus = [s.latency for s in dp.stages]
+        links = [table.link(a.k, a.nodes, b.k, b.nodes) for a, b in zip(dp.stages, dp.stages[1:])]
+        costs = [max(t, c) for t, c in zip(taus, links + [0.0])] if overlap else taus + links
+        t = (table.n_micro - 1) * max(costs) + sum(costs) + max(s.iteration for s in dp.stages)
+        assert dp.objective == pytest.approx(t, rel=1e-12)
+
+
+@settings(max_examples=40, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(stage_tables(), st.booleans())
+def test_cpsat_and_milp_equal_brute_force(case, overlap):
+    table, restr = case
+    brute = compose_groups_brute(table, restr, overlap)
+    for solve in (solve_groups_cpsat, solve_groups_milp):
+        result = solve(table, restr, overlap, 20.0)
+        assert result.optimal
+        assert _agree(result, brute), solve.__name__
+
+
+@settings(max_examples=40, derandomize=True, deadline=None)
+@given(stage_tables())
+def test_incumbent_dismisses_exactly_what_it_should(case):
+    table, restr = case
+    best = compose_groups_dp(table, restr)
+    if not best.feasible:
+        return
+    above = compose_groups_dp(table, restr, incumbent=best.objective * 1.01)
+    assert above.objective == pytest.approx(best.objective)
+    at = compose_groups_dp(table, restr, incumbent=best.objective * (1 - 1e-9))
+    assert at.status == "dominated" and not at.feasible
+
+
+def test_objective_rejects_an_option_below_its_in_flight_count():
+    rows = {(1, Position.FIRST): {1: [(1.0, 0.0, 1)]}, (1, Position.LAST): {1: [(1.0, 0.0, 1)]}}
+    table = one_island(2, 2, rows, n=2)
+    stages = (GroupStage("a", 0, 1, 0, 1, 0, 1.0, 0.0, 2), GroupStage("a", 0, 1, 1, 2, 0, 1.0, 0.0, 1))
+    with pytest.raises(ValueError, match="needs 2"):
+        group_objective(table, stages)

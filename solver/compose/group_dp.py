@@ -48,7 +48,7 @@ from time import perf_counter
 
 import numpy as np
 
-from solver.compose.group_kernel import level_latencies, level_step, prune
+from solver.compose.group_kernel import cover_costs, level_latencies, level_step, prune
 from solver.compose.result import TooLargeError
 from solver.compose.stage_table import (GroupRestrictions, GroupResult, GroupStage, StageTable,
                                         group_objective, in_flight_counts)
@@ -162,6 +162,7 @@ class _Kernels:
     tau: np.ndarray
     dmax: np.ndarray
     vcap: float
+    tmin: np.ndarray  # (K, G, L+1): cheapest position at level 0 (a lower bound per stage)
 
 
 def level_in_flight(depth: int, n_micro: int) -> np.ndarray:
@@ -179,7 +180,13 @@ def _kernels(prep: _Prep, vcap: float) -> _Kernels:
     finite = np.isfinite(tau)
     last = tau.shape[-1] - 1 - np.argmax(finite[..., ::-1], axis=-1)
     dmax = np.where(finite.any(axis=-1), last, 0).astype(np.int64)
-    return _Kernels(tau, dmax, vcap)
+    return _Kernels(tau, dmax, vcap, np.ascontiguousarray(tau[:, :, :, 0, :].min(axis=2)))
+
+
+def _cover(prep: _Prep, kern: _Kernels, dmax: np.ndarray, cap: float) -> np.ndarray:
+    """``F[l]``: least summed latency of stages within ``cap`` covering ``l`` layers
+    (:func:`~solver.compose.group_kernel.cover_costs`; a lower bound for every plan)."""
+    return cover_costs(kern.tmin, prep.gu, prep.ngroups, prep.units, cap)
 
 
 def _lengths_under(kern: _Kernels, cap: float) -> np.ndarray:
@@ -233,9 +240,13 @@ def _run_pass(prep: _Prep, kern: _Kernels, cap: float, mode: Mode, budget: float
     x_shape = (big_k, prep.masks.shape[1], int(prep.units.max()) + 1, big_g, big_l + 1)
     w, x = np.full(w_shape, _INF), np.full(x_shape, _INF)
     ps = _Pass(kern, cap, mode, [w], [x], _INF, None)
-    rest = (big_l - np.arange(big_l + 1)) * rate
     sum_mode = mode is Mode.SUM
     dmax = _lengths_under(kern, cap)
+    rest = (big_l - np.arange(big_l + 1)) * rate
+    if sum_mode and (np.isfinite(budget) or np.isfinite(t_bound)):
+        rest = np.maximum(rest, _cover(prep, kern, dmax, cap)[::-1])
+    elif not sum_mode:
+        rest = np.zeros(big_l + 1)
     for j in range(prep.depth):
         new_w, new_x = np.full(w_shape, _INF), np.full(x_shape, _INF)
         best = np.array([_INF, -1, -1, -1, -1])
@@ -408,6 +419,33 @@ def _capacity_floor(prep: _Prep, kern: _Kernels, values: np.ndarray) -> float:
     return float(values[lo])
 
 
+def _raise_floor(prep: _Prep, kern: _Kernels, values: np.ndarray, floor: float,
+                 t_budget: float) -> float:
+    """A higher bottleneck floor: no plan whose bottleneck ``m`` has ``(n−1)·floor +
+    F_m(L) >= t_budget`` can beat ``t_budget`` (``F_m`` the cover bound of stages within
+    ``m``, non-increasing in ``m``); repeated while the floor rises. ``inf``: nothing can."""
+    n, big_l = prep.table.n_micro, prep.table.layers
+    for _ in range(4):
+        def useless(i: int) -> bool:
+            cap = float(values[i])
+            return (n - 1) * floor + _cover(prep, kern, None, cap)[big_l] >= t_budget
+        lo, hi = int(np.searchsorted(values, floor)), values.size
+        if lo >= hi:
+            return _INF
+        while lo < hi:  # first index that is not useless
+            mid = (lo + hi) // 2
+            if useless(mid):
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo >= values.size:
+            return _INF
+        if values[lo] <= floor:
+            return floor
+        floor = float(values[lo])
+    return floor
+
+
 def _knapsack(units: int, sizes, value, most: int) -> int:
     """Most layers of stages whose group sizes (node granules) add up to at most ``units``."""
     best = [0] * (units + 1)
@@ -459,6 +497,8 @@ def _search_caps(prep: _Prep, vcap: float, t_budget: float = _INF):
     rate = _rate_floor(kern)
     values = _cap_values(prep, kern, 0.0)
     floor = _capacity_floor(prep, kern, values)
+    if np.isfinite(floor) and np.isfinite(t_budget):
+        floor = _raise_floor(prep, kern, values, floor, t_budget)
     s_lb = max(floor, rate * prep.table.layers)
     if not np.isfinite(floor) or (n - 1) * floor + s_lb >= t_budget:
         return None
@@ -470,8 +510,9 @@ def _search_caps(prep: _Prep, vcap: float, t_budget: float = _INF):
         if b - a <= 1 or s_a <= s_b or (n - 1) * values[a + 1] + s_b >= best[0]:
             continue
         mid = a + 1 if a < 0 else (a + b) // 2
-        found = _evaluate(prep, kern, float(values[mid]), best[0] - (n - 1) * floor, rate,
-                          best[0])
+        # Plans of interest here have their bottleneck above C_a: T >= (n−1)·C_{a+1} + S.
+        found = _evaluate(prep, kern, float(values[mid]), best[0] - (n - 1) * values[a + 1],
+                          rate, best[0])
         if found is None:  # S(C_mid) is over budget, and so is S at every smaller cap
             stack.append((mid, _INF, b, s_b))
             continue

@@ -191,3 +191,53 @@ def prune(arr: np.ndarray, rest: np.ndarray, budget: float, scale: float = 0.0,
                 else:
                     alive = 1
     return alive | removed
+
+
+@njit(cache=True)
+def cover_costs(tmin: np.ndarray, gu: np.ndarray, ngroups: np.ndarray, units: np.ndarray,
+                cap: float) -> np.ndarray:
+    """``F[l]``: a lower bound on the summed latency of any set of stages covering ``l`` layers
+    with every stage within ``cap``: each island's groups within its nodes, each stage at its
+    cheapest position with one micro-batch in flight (``tmin[k, g, d]``), islands not ordered,
+    no links.
+
+    Every plan's stages covering some ``l`` layers cost at least ``F[l]``: a per-island
+    knapsack over (nodes, layers), then a min-plus combination over the islands.
+    """
+    big_k = gu.shape[0]
+    width = tmin.shape[2]
+    total = np.full(width, np.inf)
+    total[0] = 0.0
+    for k in range(big_k):
+        top = np.zeros(ngroups[k], dtype=np.int64)
+        for gi in range(ngroups[k]):
+            for d in range(width):
+                if tmin[k, gi, d] <= cap:
+                    top[gi] = d
+        f = np.full((units[k] + 1, width), np.inf)
+        f[0, 0] = 0.0
+        best_k = np.full(width, np.inf)
+        for u in range(units[k] + 1):
+            for l in range(width):
+                base = f[u, l]
+                if base == np.inf:
+                    continue
+                if base < best_k[l]:
+                    best_k[l] = base
+                for gi in range(ngroups[k]):
+                    g = gu[k, gi]
+                    if u + g > units[k]:
+                        continue
+                    for d in range(1, min(top[gi], width - 1 - l) + 1):
+                        t = tmin[k, gi, d]
+                        if t <= cap and base + t < f[u + g, l + d]:
+                            f[u + g, l + d] = base + t
+        merged = np.full(width, np.inf)
+        for a in range(width):
+            if total[a] == np.inf:
+                continue
+            for b in range(width - a):
+                if best_k[b] != np.inf and total[a] + best_k[b] < merged[a + b]:
+                    merged[a + b] = total[a] + best_k[b]
+        total = merged
+    return total

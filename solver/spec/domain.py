@@ -12,8 +12,9 @@ from pathlib import Path
 
 from solver.spec.model import ModelSpec
 
-__all__ = ["ClusterSpec", "FeaturePreset", "GPUSpec", "Island", "JobSpec", "ModelSpec", "Node",
-           "NodeGroup", "PlannerOptions", "Recompute", "Schedule", "SolverKind", "TrainingSpec"]
+__all__ = ["ClusterSpec", "FeaturePreset", "Framework", "GPUSpec", "Island", "JobSpec",
+           "ModelSpec", "Node", "NodeGroup", "PlannerOptions", "Precision", "Recompute",
+           "Schedule", "SolverKind", "TrainingSpec"]
 
 
 class Recompute(enum.Enum):
@@ -30,6 +31,30 @@ class Schedule(enum.Enum):
     ONE_F_ONE_B = "1f1b"
     GPIPE = "gpipe"
     INTERLEAVED = "interleaved"
+
+
+class Precision(enum.Enum):
+    """Training precision of the GEMMs (``[training] precision``).
+
+    ``fp8``: Transformer Engine FP8 GEMMs on GPUs that have FP8, BF16 elsewhere (FP16 on GPUs
+    without BF16); ``bf16``: BF16 everywhere it exists (FP16 with loss scaling on V100);
+    ``fp16``: FP16 everywhere.
+    """
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+
+
+class Framework(enum.Enum):
+    """The training software a plan is for (``[planner] framework``; see
+    :mod:`solver.cost.frameworks` for what each runs and overlaps)."""
+
+    FLAGSCALE = "flagscale"
+    MEGATRON_CORE = "megatron-core"
+    MEGATRON_2021 = "megatron-2021"
+    DEEPSPEED = "deepspeed"
+    FSDP = "fsdp"
 
 
 class FeaturePreset(enum.Enum):
@@ -79,6 +104,20 @@ class GPUSpec:
         Host link bandwidth per direction in GB/s (offload traffic; intra-node fallback).
     source : str
         Where the numbers come from.
+    fp16_tflops : float | None
+        Dense FP16 tensor throughput (None: as ``bf16_tflops``).
+    fp8_tflops : float | None
+        Dense FP8 tensor throughput (None: no FP8).
+    bf16 : bool
+        Has BF16 (V100 does not: it trains in FP16).
+    gemm_eff, fp8_gemm_eff : float
+        Largest fraction of 16-bit / FP8 peak a large GEMM reaches (max-achievable matmul).
+    attention : str
+        Fused attention kernel: ``"fa3"``, ``"fa2"`` or ``"unfused"``.
+    attention_eff : float
+        Fraction of 16-bit peak of the fused attention kernel on the FLOPs it executes.
+    kernel_source : str
+        Where the kernel figures come from.
     """
 
     name: str
@@ -91,6 +130,34 @@ class GPUSpec:
     usd_per_hour: float | None = None
     pcie_gbs: float = 32.0
     source: str = ""
+    fp16_tflops: float | None = None
+    fp8_tflops: float | None = None
+    bf16: bool = True
+    gemm_eff: float = 0.80
+    fp8_gemm_eff: float = 0.70
+    attention: str = "fa2"
+    attention_eff: float = 0.50
+    kernel_source: str = ""
+
+    def peak_tflops(self, precision: "Precision") -> float:
+        """Dense GEMM throughput at ``precision`` (FP8 falls back to 16-bit without FP8)."""
+        if precision is Precision.FP8 and self.fp8_tflops:
+            return self.fp8_tflops
+        if precision is Precision.FP16 or not self.bf16:
+            return self.fp16_tflops or self.bf16_tflops
+        return self.bf16_tflops
+
+    def gemm_ceiling(self, precision: "Precision") -> float:
+        """Max-achievable fraction of :meth:`peak_tflops` for a large GEMM."""
+        return self.fp8_gemm_eff if precision is Precision.FP8 and self.fp8_tflops else self.gemm_eff
+
+    def runs_in(self, precision: "Precision") -> str:
+        """The GEMM precision this GPU actually uses when the job asks for ``precision``."""
+        if precision is Precision.FP8 and self.fp8_tflops:
+            return "fp8"
+        if precision is Precision.FP16 or not self.bf16:
+            return "fp16"
+        return "bf16"
 
 
 @dataclass(frozen=True)
@@ -204,11 +271,18 @@ class TrainingSpec:
         Tokens per sequence.
     n_micro : int | None
         Micro-batches per iteration; ``None`` means ``"auto"`` (chosen by the planner).
+    precision : Precision
+        GEMM precision (``bf16`` default).
     """
 
     global_batch: int
     seq_len: int
     n_micro: int | None = None
+    precision: "Precision" = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.precision is None:
+            object.__setattr__(self, "precision", Precision.BF16)
 
     @property
     def tokens(self) -> int:
@@ -242,6 +316,9 @@ class PlannerOptions:
         Budget: the fastest plan whose used GPUs cost at most this much per hour (None: no cap).
     min_tokens_per_s : float | None
         Deadline: the cheapest plan (per token) reaching this throughput (None: fastest plan).
+    framework : Framework
+        The training software plans are for (default FlagScale, which runs heterogeneous
+        pipelines with a layout per mesh).
     """
 
     features: FeaturePreset = FeaturePreset.FULL
@@ -256,6 +333,11 @@ class PlannerOptions:
     time_limit_s: float = 30.0
     max_usd_per_hour: float | None = None
     min_tokens_per_s: float | None = None
+    framework: "Framework" = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.framework is None:
+            object.__setattr__(self, "framework", Framework.FLAGSCALE)
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,12 @@ from typing import Any
 from solver.spec.domain import (
     ClusterSpec,
     FeaturePreset,
+    Framework,
     GPUSpec,
     JobSpec,
     ModelSpec,
     NodeGroup,
+    Precision,
     PlannerOptions,
     SolverKind,
     TrainingSpec,
@@ -58,6 +60,14 @@ def _gpu(f: Fields, name: str) -> GPUSpec:
         usd_per_hour=f.get("usd_per_hour", float, None, lo=0, hi=1e4),
         pcie_gbs=f.get("pcie_gbs", float, 32.0, lo=0, lo_open=True, hi=1e4),
         source=f.get("source", str),
+        fp16_tflops=f.get("fp16_tflops", float, None, lo=0, lo_open=True, hi=1e5),
+        fp8_tflops=f.get("fp8_tflops", float, None, lo=0, lo_open=True, hi=1e6),
+        bf16=f.get("bf16", bool, True),
+        gemm_eff=f.get("gemm_eff", float, 0.80, lo=0, lo_open=True, hi=1.0),
+        fp8_gemm_eff=f.get("fp8_gemm_eff", float, 0.70, lo=0, lo_open=True, hi=1.0),
+        attention=f.get("attention", str, "fa2", choices=("fa3", "fa2", "unfused")),
+        attention_eff=f.get("attention_eff", float, 0.50, lo=0, lo_open=True, hi=1.0),
+        kernel_source=f.get("kernel_source", str, ""),
     )
     f.done()
     return spec
@@ -203,8 +213,9 @@ def _training(f: Fields) -> TrainingSpec:
         f.check("n_micro", gb % n == 0, f"n_micro {n} must divide global_batch {gb}")
     else:
         raise f.error("n_micro", f"must be \"auto\" or an integer in 1..global_batch ({gb}), got {raw!r}")
+    precision = f.get_enum("precision", Precision, Precision.BF16)
     f.done()
-    return TrainingSpec(gb, seq, n)
+    return TrainingSpec(gb, seq, n, precision)
 
 
 def _planner(f: Fields) -> PlannerOptions:
@@ -222,6 +233,7 @@ def _planner(f: Fields) -> PlannerOptions:
         time_limit_s=f.get("time_limit_s", float, d.time_limit_s, lo=0, lo_open=True, hi=86400),
         max_usd_per_hour=f.get("max_usd_per_hour", float, None, lo=0, lo_open=True, hi=1e9),
         min_tokens_per_s=f.get("min_tokens_per_s", float, None, lo=0, lo_open=True, hi=1e15),
+        framework=f.get_enum("framework", Framework, d.framework),
     )
     f.done()
     return opts

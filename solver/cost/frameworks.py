@@ -1,0 +1,151 @@
+"""Framework profiles: what each training runtime runs, overlaps and keeps in memory.
+
+One table per framework (:data:`PROFILES`). The parallelizer only enumerates configurations a
+profile runs, the composition only combines stages it can express (one layout for every stage
+where it requires that), and the cost model prices communication the way the runtime schedules
+it. Sources (read in the projects' own code, versions named):
+
+* **Megatron-Core** (NVIDIA/Megatron-LM, core_v0.14): ``--use-distributed-optimizer`` is ZeRO-1 —
+  every rank keeps a full fp32 ``main_grad`` buffer, only the fp32 master weights and Adam
+  states are sharded, and gradients are reduce-scattered once per iteration (all micro-batches
+  but the last run under ``no_sync``; ``megatron/core/distributed/``,
+  ``optimizer/distrib_optimizer.py``). ``--overlap-grad-reduce`` launches each gradient bucket's
+  collective as soon as its gradients are final during the last micro-batch's backward pass
+  (bucket size ``max(40M, 1M·dp)`` parameters); ``--overlap-param-gather`` (needs the
+  distributed optimizer and ``--overlap-grad-reduce``) gathers the updated weights bucket by
+  bucket during the next forward pass; ``--tp-comm-overlap`` (needs sequence parallelism and
+  Transformer Engine) pipelines the TP all-gathers / reduce-scatters with the GEMMs that consume
+  or produce them. One layout (tp, cp, ep, dp) for every pipeline stage; uneven first/last stages
+  (``--decoder-first/last-pipeline-num-layers``); the interleaved schedule needs pp > 1 and
+  ``n_micro % pp == 0`` (the default ``--microbatch-group-size-per-virtual-pipeline-stage``).
+* **FlagScale** (FlagOpen/FlagScale, 2025-11, built on Megatron-LM): heterogeneous training
+  (``hetero_process_meshes``) gives every mesh its own [tp, cp, ep, dp, pp] and device type, with
+  Megatron-Core's kernels and overlaps; cp must be equal in all meshes and is asserted to be 1;
+  the interleaved (virtual) pipeline is rejected with hetero on; ``use_distributed_optimizer``
+  is one flag for the whole job; per-stage recomputation exists only at full granularity
+  (``recompute_granularity_per_stage_micro_batch``).
+* **Megatron-LM 2021** (Narayanan et al., SC'21, the calibration data): no distributed
+  optimizer, no CP, no overlap of the data-parallel all-reduce or of TP communication, unfused
+  attention; interleaved schedule.
+* **DeepSpeed** (deepspeedai/DeepSpeed v0.19): ``PipelineEngine`` asserts ZeRO < 2 with pipeline
+  parallelism (``runtime/pipe/engine.py``); ZeRO-2 reduces gradients every micro-step in buckets
+  of ``reduce_bucket_size`` (5e8) overlapped with backward (``overlap_comm``); ZeRO-3 gathers
+  parameters per submodule with ``stage3_max_live_parameters`` = 1e9 and prefetch; CPU offload of
+  activation checkpoints (``cpu_checkpointing``). One topology for the whole pipeline.
+* **FSDP** (PyTorch): ``SHARD_GRAD_OP`` (ZeRO-2) or ``FULL_SHARD`` (ZeRO-3), no pipeline
+  parallelism; gradients are reduce-scattered every backward (accumulation outside
+  ``no_sync``), parameters prefetched one module ahead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from solver.spec.domain import Framework, Recompute
+
+
+@dataclass(frozen=True)
+class FrameworkProfile:
+    """What one training runtime runs and how it overlaps.
+
+    Attributes
+    ----------
+    framework : Framework
+        Which runtime.
+    zero_pipelined, zero_single : tuple[int, ...]
+        ZeRO stages it runs with pipeline parallelism / with a single stage.
+    uniform_zero : bool
+        One ZeRO stage for the whole job (a global flag).
+    recompute : tuple[Recompute, ...]
+        Recomputation it runs.
+    uniform_recompute : bool
+        One recomputation setting for every stage.
+    offload : bool
+        Activation (checkpoint) offload to host memory.
+    cp, ep : bool
+        Context / expert parallelism.
+    uniform_layout : bool
+        Every pipeline stage has the same (tp, cp, ep, dp) (and so the same GPU count).
+    interleaving : bool
+        Runs the interleaved 1F1B schedule (virtual pipeline stages).
+    overlap_grad_reduce, overlap_param_gather, tp_comm_overlap : bool
+        Overlaps it schedules (see the module docstring).
+    zero2_per_microbatch : bool
+        ZeRO-2 reduce-scatters gradients every micro-batch (else once per iteration).
+    grad_bucket_params : float
+        Parameters per gradient bucket of the overlapped reduction (at least; Megatron scales it
+        with dp).
+    zero3_live_params : float
+        Parameters ZeRO-3 holds gathered at once (at most).
+    unfused_attention : bool
+        Runs unfused attention whatever the GPU (2021 software).
+    """
+
+    framework: Framework
+    zero_pipelined: tuple[int, ...]
+    zero_single: tuple[int, ...]
+    uniform_zero: bool
+    recompute: tuple[Recompute, ...]
+    uniform_recompute: bool
+    offload: bool
+    cp: bool
+    ep: bool
+    uniform_layout: bool
+    interleaving: bool
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
+    tp_comm_overlap: bool
+    zero2_per_microbatch: bool
+    grad_bucket_params: float
+    zero3_live_params: float
+    unfused_attention: bool
+
+    def zero_stages(self, pipelined: bool) -> tuple[int, ...]:
+        """ZeRO stages allowed for a stage of a multi-stage pipeline or a single stage."""
+        return self.zero_pipelined if pipelined else self.zero_single
+
+    def bucket_params(self, dp: int) -> float:
+        """Parameters per gradient bucket at data-parallel degree ``dp``."""
+        if self.framework in (Framework.MEGATRON_CORE, Framework.FLAGSCALE):
+            return max(self.grad_bucket_params, 1e6 * dp)
+        return self.grad_bucket_params
+
+
+_ALL_RC = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+_MEGATRON = dict(zero_pipelined=(0, 1), zero_single=(0, 1), uniform_zero=True, offload=False,
+                 ep=True, overlap_grad_reduce=True, overlap_param_gather=True,
+                 tp_comm_overlap=True, zero2_per_microbatch=False, grad_bucket_params=4e7,
+                 zero3_live_params=0.0, unfused_attention=False)
+
+PROFILES = MappingProxyType({
+    Framework.FLAGSCALE: FrameworkProfile(
+        Framework.FLAGSCALE, recompute=(Recompute.NONE, Recompute.FULL), uniform_recompute=False,
+        cp=False, uniform_layout=False, interleaving=False, **_MEGATRON),
+    Framework.MEGATRON_CORE: FrameworkProfile(
+        Framework.MEGATRON_CORE, recompute=_ALL_RC, uniform_recompute=True, cp=True,
+        uniform_layout=True, interleaving=True, **_MEGATRON),
+    Framework.MEGATRON_2021: FrameworkProfile(
+        Framework.MEGATRON_2021, zero_pipelined=(0,), zero_single=(0,), uniform_zero=True,
+        recompute=_ALL_RC, uniform_recompute=True, offload=False, cp=False, ep=False,
+        uniform_layout=True, interleaving=True, overlap_grad_reduce=False,
+        overlap_param_gather=False, tp_comm_overlap=False, zero2_per_microbatch=False,
+        grad_bucket_params=4e7, zero3_live_params=0.0, unfused_attention=True),
+    Framework.DEEPSPEED: FrameworkProfile(
+        Framework.DEEPSPEED, zero_pipelined=(0, 1), zero_single=(0, 1, 2, 3), uniform_zero=True,
+        recompute=(Recompute.NONE, Recompute.FULL), uniform_recompute=True, offload=True,
+        cp=False, ep=True, uniform_layout=True, interleaving=False, overlap_grad_reduce=True,
+        overlap_param_gather=True, tp_comm_overlap=False, zero2_per_microbatch=True,
+        grad_bucket_params=5e8, zero3_live_params=1e9, unfused_attention=False),
+    Framework.FSDP: FrameworkProfile(
+        Framework.FSDP, zero_pipelined=(), zero_single=(2, 3), uniform_zero=True,
+        recompute=(Recompute.NONE, Recompute.FULL), uniform_recompute=True, offload=False,
+        cp=False, ep=False, uniform_layout=True, interleaving=False, overlap_grad_reduce=True,
+        overlap_param_gather=True, tp_comm_overlap=False, zero2_per_microbatch=True,
+        grad_bucket_params=2.5e7, zero3_live_params=0.0, unfused_attention=False),
+})
+
+
+def profile(framework: Framework) -> FrameworkProfile:
+    """The profile of ``framework``."""
+    return PROFILES[framework]

@@ -39,6 +39,7 @@ from solver.compose.table import Position
 
 MAX_SLOT_VARS = 150_000  # x variables; beyond this use the DP
 BUDGET_UNITS = 1_000_000
+MAX_LEVELS = 64  # bottleneck thresholds of the level cuts
 _HEAD = {Position.LAST, Position.ONLY}
 _FRONT = {Position.FIRST, Position.ONLY}
 
@@ -114,6 +115,8 @@ class SlotModel:
     entries: list[list[SlotEntry]]
     x: list[list[Any]]
     objective: Any
+    levels: list[Any]
+    bottleneck: Any
 
 
 def build_model(be: Backend, table: StageTable, restrictions: GroupRestrictions | None,
@@ -133,7 +136,8 @@ def build_model(be: Backend, table: StageTable, restrictions: GroupRestrictions 
     add_node_budget(be, table, entries, x)
     add_island_limits(be, table, restrictions, on, depth)
     links = add_links(be, table, restrictions, on, depth)
-    return SlotModel(entries, x, add_objective(be, table, entries, x, links, overlap))
+    objective, levels, bottleneck = add_objective(be, table, entries, x, links, overlap)
+    return SlotModel(entries, x, objective, levels, bottleneck)
 
 
 def add_slots_fill_from_back(be: Backend, x, active) -> None:
@@ -246,16 +250,58 @@ def add_objective(be: Backend, table: StageTable, entries, x, links, overlap: bo
     v_max = be.new_value("iteration_max", top_it)
     be.add_max(v_max, its, "iteration_max")
     bottleneck = be.new_value("bottleneck", worst)
+    levels = add_bottleneck_levels(be, entries, x, bottleneck)
     if not overlap:
         be.add_max(bottleneck, taus + links, "bottleneck")
-        return (table.n_micro - 1) * bottleneck + be.total(taus) + be.total(links) + v_max
+        return ((table.n_micro - 1) * bottleneck + be.total(taus) + be.total(links) + v_max,
+                levels, bottleneck)
     costs = []
     for s, tau in enumerate(taus):
         e_s = be.new_value(f"stage_cost_{s}", worst)  # eq. 9: the link behind overlapped
         be.add_max(e_s, [tau] + ([links[s - 1]] if s > 0 else []), f"overlap_{s}")
         costs.append(e_s)
     be.add_max(bottleneck, costs, "bottleneck")
-    return (table.n_micro - 1) * bottleneck + be.total(costs) + v_max
+    return (table.n_micro - 1) * bottleneck + be.total(costs) + v_max, levels, bottleneck
+
+
+def bottleneck_thresholds(entries, levels: int = MAX_LEVELS) -> list[float]:
+    """Up to ``levels`` latencies, spread evenly over the sorted distinct entry latencies."""
+    values = np.unique([e.latency for es in entries for e in es])
+    if values.size <= levels:
+        return values.tolist()
+    return values[np.linspace(0, values.size - 1, levels).round().astype(int)].tolist()
+
+
+def add_bottleneck_levels(be: Backend, entries, x, bottleneck) -> list[Any]:
+    """Valid cuts that tie the bottleneck to the slowest stage in the LP relaxation.
+
+    ``z[j]`` = 1 when the bottleneck reaches threshold ``c[j]`` (``z`` decreasing in ``j``,
+    ``M >= Σ (c[j] − c[j−1]) z[j]``); slot ``r`` may run an entry of latency ``>= c[j]`` only
+    to the extent ``z[j]`` is on (``u[r, j] <= z[j]``, ``u[r, j]`` the slot's weight on such
+    entries, built as a running sum so the model grows by slots × levels). Every plan
+    satisfies them with ``z[j] = [max τ >= c[j]]``: they remove no plan, only the relaxation's
+    habit of spreading a slow stage over fractional slots (``M`` then bounded by an average).
+    """
+    cuts = bottleneck_thresholds(entries)
+    z = [be.new_bool(f"bottleneck_level_{j}") for j in range(len(cuts))]
+    steps = [be.coeff(c) - (be.coeff(cuts[j - 1]) if j else 0) for j, c in enumerate(cuts)]
+    be.add(bottleneck >= be.total([s * v for s, v in zip(steps, z)]), "bottleneck_levels")
+    for j in range(1, len(z)):
+        be.add(z[j] <= z[j - 1], f"levels_ordered_{j}")
+    for r, (es, xs) in enumerate(zip(entries, x)):
+        by_level = defaultdict(list)
+        for e, v in zip(es, xs):
+            by_level[int(np.searchsorted(cuts, e.latency, side="right")) - 1].append(v)
+        above = None  # u[r, j + 1]
+        for j in range(len(cuts) - 1, -1, -1):
+            if above is None and not by_level.get(j):
+                continue
+            u = be.new_value(f"slot_level_{r}_{j}", 1)
+            be.add(u == be.total(by_level.get(j, []) + ([above] if above is not None else [])),
+                   f"slot_level_sum_{r}_{j}")  # the slot's weight on entries >= c[j]
+            be.add(u <= z[j], f"slot_level_{r}_{j}")  # ... needs the bottleneck at c[j]
+            above = u
+    return z
 
 
 def hint_values(model: SlotModel, stages) -> list[list[int]]:

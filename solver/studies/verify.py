@@ -90,20 +90,46 @@ def ablation(job: JobSpec, n_micro: int, rule_sets=ABLATION) -> tuple[Row, list[
 
 
 def cross_check(job: JobSpec, n_micro: int, rules: Rule = Rule.paper()
-                ) -> dict[str, float | bool | None]:
+                ) -> dict[str, object]:
     """Objectives of DP, CP-SAT and MILP on the same candidate set, and whether they agree.
 
-    Agreement: every solver proved optimality and the objectives match within the CP-SAT
-    scaling tolerance (``formulations.scaling``), taken here as a relative 1e-4.
+    Returns the objective per solver (keys ``dp``, ``cpsat``, ``milp``; None: no plan), ``agree``
+    (every solver proved optimality and the objectives match within a relative 1e-4, the CP-SAT
+    scaling tolerance of ``formulations.scaling``), ``status`` (per solver: ``proven``, ``bound_s``
+    and ``gap`` when its time limit stopped it) and ``verdict``: ``agree``; ``not proven`` (some
+    solver stopped at its limit, and every bound it proved is at most the DP optimum, so nothing
+    contradicts it); or ``disagree`` (proven objectives differ, feasibility differs, or a proved
+    bound exceeds the DP optimum).
+
+    A solver stopped by its limit returns the DP's plan (``solver.planner.solve``), so its
+    objective is the DP's by construction: only its bound is evidence.
     """
-    out: dict[str, float | bool | None] = {}
-    proven = True
+    out: dict[str, object] = {}
+    status: dict[str, dict] = {}
     for kind in (SolverKind.DP, SolverKind.CPSAT, SolverKind.MILP):
         plan, _, _ = _run(job, rules, n_micro, kind)
         out[kind.value] = plan.iteration_time_s if plan else None
-        proven = proven and (plan is None or plan.solver.optimal)
-    values = [v for v in out.values() if v is not None]
-    same_feasibility = len(values) in (0, 3)
-    out["agree"] = proven and same_feasibility and (
-        not values or max(values) - min(values) <= 1e-4 * min(values))
+        proven = plan is None or plan.solver.optimal
+        status[kind.value] = {"proven": proven,
+                              "bound_s": None if proven else plan.solver.bound,
+                              "gap": None if proven else plan.solver.gap}
+    out["agree"], out["verdict"] = _verdict(out, status)
+    out["status"] = status
     return out
+
+
+def _verdict(objectives: dict, status: dict) -> tuple[bool, str]:
+    """(all proven and equal, verdict) for :func:`cross_check`."""
+    values = [objectives[k] for k in status if objectives[k] is not None]
+    if len(values) not in (0, len(status)):
+        return False, "disagree"
+    ref = objectives["dp"]
+    proven = [objectives[k] for k in status if status[k]["proven"] and objectives[k] is not None]
+    if proven and max(proven) - min(proven) > 1e-4 * min(proven):
+        return False, "disagree"
+    bounds = [s["bound_s"] for s in status.values() if s["bound_s"] is not None]
+    if ref is not None and any(b > ref * (1 + 1e-4) for b in bounds):
+        return False, "disagree"
+    if all(s["proven"] for s in status.values()):
+        return True, "agree"
+    return False, "not proven"

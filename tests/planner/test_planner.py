@@ -210,7 +210,9 @@ def test_verify_json_contract(tmp_path, capsys):
     assert set(out["unpruned"]) == {"objective_s", "parallelizer_calls", "time_s"}
     assert all(set(r) == {"rules", "objective_s", "parallelizer_calls", "time_s", "optimum_kept"}
                for r in out["ablation"])
-    assert set(out["solvers"]) == {"dp", "cpsat", "milp", "agree"} and out["solvers"]["agree"]
+    assert {"dp", "cpsat", "milp", "agree"} <= set(out["solvers"]) and out["solvers"]["agree"]
+    assert out["solvers"]["verdict"] == "agree"
+    assert all(s["proven"] for s in out["solvers"]["status"].values())
     safe = next(r for r in out["ablation"] if r["rules"] == "1,2s,3,4s")
     assert safe["optimum_kept"]  # the safe rule set never loses the optimum
     # Rule 1 (dedupe) plans each middle length once instead of once per start layer.
@@ -232,3 +234,22 @@ def test_rule_1_claim_holds_when_every_slice_is_planned(tmp_path):
     # island instead of 6 lengths.
     assert full.cache.calls - dedup.cache.calls == 3 * (21 - 6)
     assert best_full.total == best_dedup.total
+
+
+def _status(proven: bool, bound=None):
+    return {"proven": proven, "bound_s": bound, "gap": None}
+
+
+def test_cross_check_verdict_by_hand():
+    from solver.studies.verify import _verdict
+    obj = {"dp": 2.0, "cpsat": 2.0, "milp": 2.0}
+    proven = {k: _status(True) for k in obj}
+    assert _verdict(obj, proven) == (True, "agree")
+    # A solver stopped at its limit with a bound below the optimum: nothing contradicts the DP.
+    limited = {**proven, "milp": _status(False, 1.5)}
+    assert _verdict(obj, limited) == (False, "not proven")
+    # A proved bound above the DP optimum contradicts it.
+    assert _verdict(obj, {**proven, "milp": _status(False, 2.5)}) == (False, "disagree")
+    # Two proven objectives that differ, or a plan one solver finds and another does not.
+    assert _verdict({**obj, "cpsat": 2.1}, proven) == (False, "disagree")
+    assert _verdict({**obj, "milp": None}, proven) == (False, "disagree")

@@ -56,9 +56,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"job {job.name}, n_micro {n}")
     print(render_table(_text_rows(unpruned, rows)))
     print("solvers on the rules-1,2,3,4 candidate set: " + ", ".join(
-        f"{k} {_txt(v)}" for k, v in solvers.items() if k != "agree")
-        + f" -> {'agree' if solvers['agree'] else 'DISAGREE'}")
+        _solver_txt(k, solvers[k], solvers["status"][k]) for k in solvers["status"])
+        + f" -> {solvers['verdict'].upper() if solvers['verdict'] == 'disagree' else solvers['verdict']}")
     return 0
+
+
+def _solver_txt(kind: str, objective, status: dict) -> str:
+    """``cpsat 2.997662`` or, for a solver stopped by its limit, its proved bound and gap."""
+    if status["proven"]:
+        return f"{kind} {_txt(objective)}"
+    bound = "-" if status["bound_s"] is None else f"{status['bound_s']:.6f}"
+    gap = "-" if status["gap"] is None else f"{status['gap']:.1%}"
+    return f"{kind} not proven (time limit; bound {bound}, gap {gap})"
 
 
 def _text_rows(unpruned, rows) -> list[dict]:

@@ -149,3 +149,60 @@ PROFILES = MappingProxyType({
 def profile(framework: Framework) -> FrameworkProfile:
     """The profile of ``framework``."""
     return PROFILES[framework]
+
+
+def zero_choices(prof: FrameworkProfile, pipelined: bool,
+                 allowed: tuple[int, ...] = (0, 1, 2, 3)) -> tuple[int, ...]:
+    """ZeRO stages the planner enumerates for a stage under ``prof``.
+
+    Provably safe: where the profile sets one ZeRO stage for the whole job and allows exactly
+    ZeRO-0 and ZeRO-1 (Megatron's ``--use-distributed-optimizer`` is one flag), only ZeRO-1 is
+    enumerated. In this cost model ZeRO-1 weakly dominates ZeRO-0 term by term — the same
+    per-micro-batch time, a reduce-scatter of the gradients plus an all-gather of the 16-bit
+    weights (6 bytes per parameter) instead of an all-reduce of the gradients (8), an optimizer
+    step over ``1/dp`` of the parameters, and less memory — so the best all-ZeRO-1 plan is never
+    worse than the best all-ZeRO-0 plan (``tests/cost/test_frameworks.py`` checks the dominance).
+    Stages without replicas (``dp·cp = 1``) are ZeRO-0 whatever the flag. ``allowed``: the ZeRO
+    stages the job's features allow (met first).
+    """
+    stages = tuple(z for z in prof.zero_stages(pipelined) if z in allowed)
+    if prof.uniform_zero and set(stages) == {0, 1}:
+        return (1,)
+    return stages
+
+
+def violations(configs, prof: FrameworkProfile, pipelined: bool) -> list[str]:
+    """What of a plan's stage configurations ``prof``'s runtime cannot run ([] if nothing).
+
+    ``configs`` are the stages' :class:`~solver.cost.stage.StageConfig` in pipeline order;
+    ``pipelined`` whether the plan has more than one pipeline stage (across or inside stages).
+    """
+    name, out = prof.framework.value, []
+    allowed = prof.zero_stages(pipelined)
+    for i, c in enumerate(configs):
+        if c.dp * c.cp > 1 and c.zero not in allowed:
+            out.append(f"stage {i}: {name} runs ZeRO {list(allowed)} "
+                       f"{'with' if pipelined else 'without'} pipelining, not ZeRO-{c.zero}")
+        if c.recompute not in prof.recompute:
+            out.append(f"stage {i}: {name} has no {c.recompute.value} recomputation")
+        if c.offload and not prof.offload:
+            out.append(f"stage {i}: {name} does not offload activations")
+        if c.cp > 1 and not prof.cp:
+            out.append(f"stage {i}: {name} runs no context parallelism (cp {c.cp})")
+        if c.ep > 1 and not prof.ep:
+            out.append(f"stage {i}: {name} runs no expert parallelism (ep {c.ep})")
+    out += _uniformity(configs, prof)
+    return out
+
+
+def _uniformity(configs, prof: FrameworkProfile) -> list[str]:
+    """Settings the runtime fixes for the whole job that differ between stages."""
+    name, out = prof.framework.value, []
+    sharded = {c.zero for c in configs if c.dp * c.cp > 1}
+    if prof.uniform_zero and len(sharded) > 1:
+        out.append(f"{name} sets one ZeRO stage for the job, the stages use {sorted(sharded)}")
+    if prof.uniform_recompute and len({c.recompute for c in configs}) > 1:
+        out.append(f"{name} sets one recomputation for the job, the stages differ")
+    if prof.uniform_layout and len({(c.tp, c.cp, c.ep, c.dp) for c in configs}) > 1:
+        out.append(f"{name} runs one (tp, cp, ep, dp) on every stage, the stages differ")
+    return out

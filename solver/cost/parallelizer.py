@@ -22,6 +22,7 @@ from typing import Protocol
 import numpy as np
 
 from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
+from solver.cost.frameworks import profile, zero_choices
 from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, ModelSlice, StageConfig
 from solver.cost.stage_costs import (
     PipelineSetting,
@@ -29,10 +30,10 @@ from solver.cost.stage_costs import (
     stage_costs,
     substage_latencies,
 )
-from solver.spec.domain import FeaturePreset, Island, ModelSpec, Recompute, Schedule
+from solver.spec.domain import FeaturePreset, Framework, Island, ModelSpec, Recompute, Schedule
 
 __all__ = ["AnalyticParallelizer", "FeatureSet", "MemoryBreakdown", "Parallelizer", "PartialPlan",
-           "PlanContext", "StageConfig", "best_plan", "pipeline_time"]
+           "PlanContext", "StageConfig", "best_plan", "framework_features", "pipeline_time"]
 
 _ALL_RC = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 
@@ -77,6 +78,13 @@ class FeatureSet:
         }
         return table[preset]
 
+    @classmethod
+    def of_framework(cls, framework: Framework, pipelined: bool) -> "FeatureSet":
+        """What ``framework`` runs on a stage of a pipelined (or single-stage) plan (before the
+        ZeRO reduction of :func:`~solver.cost.frameworks.zero_choices`)."""
+        prof = profile(framework)
+        return cls(prof.cp, prof.ep, prof.zero_stages(pipelined), prof.recompute, prof.offload)
+
     def meet(self, other: "FeatureSet") -> "FeatureSet":
         """Features both sets allow."""
         return FeatureSet(self.cp and other.cp, self.ep and other.ep,
@@ -111,6 +119,8 @@ class PlanContext:
         Pipeline schedule (for memory in flight and internal point-to-point traffic).
     virtual_stages : int
         Model chunks per GPU with the interleaved schedule.
+    framework : Framework | None
+        Training runtime whose profile restricts the configurations (None: the features alone).
     """
 
     seq_len: int
@@ -122,6 +132,7 @@ class PlanContext:
     features: FeaturePreset = FeaturePreset.FULL
     schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual_stages: int = 1
+    framework: Framework | None = None
 
 
 @dataclass(frozen=True)
@@ -227,7 +238,13 @@ def _layouts(slc: ModelSlice, island: Island, ctx: PlanContext, feats: FeatureSe
 
 def enumerate_configs(slc: ModelSlice, island: Island, ctx: PlanContext, feats: FeatureSet
                       ) -> ConfigArrays:
-    """Every configuration of the space, as arrays (layouts x ZeRO x recompute x offload)."""
+    """Every configuration of the space, as arrays (layouts x ZeRO x recompute x offload).
+
+    With ``ctx.framework`` the features are met with its profile, row by row: a whole-model
+    slice without internal pipelining is a single-stage plan, every other row is pipelined.
+    A configuration without replicas (``dp·cp = 1``) is enumerated once, as ZeRO-0.
+    """
+    feats = feats if ctx.framework is None else feats.meet(framework_features(ctx.framework))
     base = np.array(_layouts(slc, island, ctx, feats), dtype=np.int64).reshape(-1, 5)
     rc = np.array([RECOMPUTE_CODES.index(r) for r in feats.recompute], dtype=np.int64)
     off = np.array([False, True] if feats.offload else [False])
@@ -235,10 +252,29 @@ def enumerate_configs(slc: ModelSlice, island: Island, ctx: PlanContext, feats: 
     b = np.repeat(base, len(grid), axis=0)
     g = np.tile(grid, (len(base), 1))
     tp, cp, pp, dp, ep = b.T
-    keep = (g[:, 0] == 0) | (dp * cp > 1)   # ZeRO without replicas is ZeRO-0
+    replicas = dp * cp > 1
+    keep = replicas | (g[:, 0] == (feats.zero[0] if feats.zero else 0))
+    if ctx.framework is not None:
+        keep &= _zero_allowed(ctx.framework, g[:, 0], pp, slc.is_whole, feats.zero) | ~replicas
+    zero = np.where(replicas, g[:, 0], 0)
     return ConfigArrays(tp=tp[keep], cp=cp[keep], ep=ep[keep], pp=pp[keep], dp=dp[keep],
-                        zero=g[keep, 0], recompute=g[keep, 1], offload=g[keep, 2].astype(bool),
+                        zero=zero[keep], recompute=g[keep, 1], offload=g[keep, 2].astype(bool),
                         micro_batch=ctx.micro_batch // dp[keep])
+
+
+def framework_features(framework: Framework) -> FeatureSet:
+    """The framework's features over pipelined and single-stage plans (ZeRO: the union)."""
+    a, b = FeatureSet.of_framework(framework, True), FeatureSet.of_framework(framework, False)
+    return FeatureSet(a.cp, a.ep, tuple(sorted(set(a.zero) | set(b.zero))), a.recompute,
+                      a.offload)
+
+
+def _zero_allowed(framework: Framework, zero: np.ndarray, pp: np.ndarray, whole: bool,
+                  allowed: tuple[int, ...]) -> np.ndarray:
+    """Rows whose ZeRO stage the framework runs at their pipelining (within ``allowed``)."""
+    single = np.isin(zero, zero_choices(profile(framework), False, allowed))
+    piped = np.isin(zero, zero_choices(profile(framework), True, allowed))
+    return np.where((pp == 1) & whole, single, piped)
 
 
 def pareto_mask(groups: np.ndarray, objectives: np.ndarray) -> np.ndarray:

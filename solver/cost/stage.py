@@ -49,6 +49,11 @@ class ModelSlice:
         if self.layers < 1:
             raise ValueError(f"a slice needs at least one layer, got {self.layers}")
 
+    @property
+    def is_whole(self) -> bool:
+        """The slice is the whole model (a single-stage plan, unless pipelined inside)."""
+        return self.has_embedding and self.has_head and self.layers == self.model.layers
+
     @classmethod
     def whole(cls, model: ModelSpec) -> "ModelSlice":
         """The whole model as one slice (embedding and head included)."""

@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit
 
 from solver.cost.parallelizer import (FeatureSet, PartialPlan, PlanContext, _plans, _SliceBatch,
-                                      enumerate_configs)
+                                      _zero_allowed, enumerate_configs)
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, StageCosts, in_flight_capacity, stage_costs
 from solver.spec.domain import Island, ModelSpec
@@ -79,17 +79,27 @@ def plan_stages(parallelizer, model: ModelSpec, lengths: list[int], has_embeddin
     m = len(base)
     if m == 0:
         return [_empty() for _ in lengths]
-    cfg = base.take(np.tile(np.arange(m), len(lengths)))
-    batch = _SliceBatch(model, np.repeat(np.asarray(lengths), m), has_embedding, has_head)
+    rows = np.tile(np.arange(m), len(lengths))
+    length_index = np.repeat(np.arange(len(lengths)), m)
+    per_row = np.asarray(lengths)[length_index]
+    if ctx.framework is not None:  # a shorter slice is one stage of a pipelined plan
+        whole = has_embedding and has_head and per_row == model.layers
+        ok = whole | _zero_allowed(ctx.framework, base.zero[rows], np.asarray(base.pp)[rows],
+                                   False, feats.zero)
+        ok |= base.dp[rows] * base.cp[rows] == 1
+        rows, per_row, length_index = rows[ok], per_row[ok], length_index[ok]
+    cfg = base.take(rows)
+    batch = _SliceBatch(model, per_row, has_embedding, has_head)
     pipe = PipelineSetting(ctx.n_micro, 1, ctx.schedule, ctx.virtual_stages)
     costs = stage_costs(batch, island, ctx.seq_len, cfg, pipe, parallelizer.calibration)
     cap = in_flight_capacity(batch, island, ctx.seq_len, cfg, costs, ctx.n_micro, ctx.epsilon,
                              parallelizer.calibration)
     idx = np.flatnonzero(cap > 0)
-    keep = pareto_capacity_mask(idx // m, costs.latency_s[idx], costs.iteration_s[idx], cap[idx])
+    keep = pareto_capacity_mask(length_index[idx], costs.latency_s[idx], costs.iteration_s[idx],
+                                cap[idx])
     chosen = idx[keep]
-    chosen = chosen[np.lexsort((costs.latency_s[chosen], chosen // m))]
-    owner = chosen // m
+    chosen = chosen[np.lexsort((costs.latency_s[chosen], length_index[chosen]))]
+    owner = length_index[chosen]
     bounds = np.searchsorted(owner, np.arange(len(lengths) + 1))
     full = _Batch(cfg, costs, cap)
     return [StageOptions(full, chosen[bounds[i]:bounds[i + 1]]) for i in range(len(lengths))]

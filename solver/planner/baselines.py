@@ -58,7 +58,8 @@ def _oblivious(job: JobSpec, features: FeaturePreset) -> Plan:
     best, calls = None, 0
     for n in ns:
         ctx = PlanContext(job.training.seq_len, job.training.global_batch // n, n, 1,
-                          job.planner.epsilon, min(MAX_OBLIVIOUS_PP, job.model.layers), features)
+                          job.planner.epsilon, min(MAX_OBLIVIOUS_PP, job.model.layers), features,
+                          framework=job.planner.framework)
         plans = par.plan(ModelSlice.whole(job.model), island, ctx)
         calls += 1
         chosen = best_plan(plans, n)

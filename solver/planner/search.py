@@ -20,7 +20,8 @@ import numpy as np
 
 from solver.compose.stage_table import GroupRestrictions, GroupResult
 from solver.compose.table import Position, slice_position
-from solver.cost.parallelizer import AnalyticParallelizer, FeatureSet, Parallelizer, PlanContext
+from solver.cost.parallelizer import (AnalyticParallelizer, FeatureSet, Parallelizer, PlanContext,
+                                      framework_features)
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, stage_costs
 from solver.islands import (IslandSet, Thresholds, build_islands, group_island, node_key,
@@ -99,7 +100,8 @@ class PlanningRun:
     @property
     def features(self) -> FeatureSet:
         """The features the parallelizer may use."""
-        return FeatureSet.of(self.config.features or self.job.planner.features)
+        return FeatureSet.of(self.config.features or self.job.planner.features).meet(
+            framework_features(self.job.planner.framework))
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,8 @@ def start_run(job: JobSpec, config: PlannerConfig, n_micro: int | None = None,
     micro = job.training.global_batch // n
     by_name = {i.name: i for i in isl.islands}
     if cache is None:
-        ctx = PlanContext(job.training.seq_len, micro, n, 1, job.planner.epsilon, 1, features)
+        ctx = PlanContext(job.training.seq_len, micro, n, 1, job.planner.epsilon, 1, features,
+                          framework=job.planner.framework)
         cache = GroupCache(job.model, by_name, parallelizer or AnalyticParallelizer(features), ctx,
                            dedupe=Rule.DEDUPE in config.rules)
     else:

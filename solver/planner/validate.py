@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from solver.cost.frameworks import profile, violations
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, stage_costs, substage_latencies
 from solver.islands import Thresholds, build_islands, whole_cluster
@@ -42,6 +43,9 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
     n = plan.n_micro
     # Sub-stages behind each stage: its last sub-stage holds one more than that (1F1B).
     behind = [sum(t.plan.config.pp for t in plan.stages[i + 1:]) for i in range(len(plan.stages))]
+    pipelined = len(plan.stages) > 1 or any(s.plan.config.pp > 1 for s in plan.stages)
+    out += violations([s.plan.config for s in plan.stages], profile(job.planner.framework),
+                      pipelined)
     for i, s in enumerate(plan.stages):
         out += _config(s, job, n)
         held = min(behind[i] + 1, n)

@@ -33,6 +33,9 @@ INSTANCES = Path(__file__).resolve().parents[2] / "instances"
 CATALOG_PATH = INSTANCES / "gpus.toml"
 MAX_GPUS = 1_000_000
 MAX_LAYERS = 4096
+#: Runtimes the heterogeneous planner makes plans for: each pipeline stage (a mesh) may have its
+#: own layout. The others run one (tp, cp, ep, dp) on every stage (solver.cost.frameworks).
+PLANNED_FRAMEWORKS = (Framework.FLAGSCALE,)
 
 
 def load_catalog(path: Path | str | None = None) -> dict[str, GPUSpec]:
@@ -235,5 +238,9 @@ def _planner(f: Fields) -> PlannerOptions:
         min_tokens_per_s=f.get("min_tokens_per_s", float, None, lo=0, lo_open=True, hi=1e15),
         framework=f.get_enum("framework", Framework, d.framework),
     )
+    f.check("framework", opts.framework in PLANNED_FRAMEWORKS,
+            f"the planner makes plans for {', '.join(x.value for x in PLANNED_FRAMEWORKS)} only "
+            f"({opts.framework.value} runs one layout on every pipeline stage, which the "
+            "heterogeneous search does not restrict to yet; `tangram estimate` prices one layout)")
     f.done()
     return opts

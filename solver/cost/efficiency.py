@@ -39,36 +39,36 @@ class AttentionKernel(enum.Enum):
 class Calibration:
     """The cost model's efficiency constants, in one place.
 
-    GEMM efficiency curve: a bf16 GEMM of shape ``(M, N, K)`` runs at
-    ``gemm_eff_max * xi / (xi + gemm_half_balance * B)`` of peak, where
-    ``xi = 1 / (1/M + 1/N + 1/K)`` is the GEMM's arithmetic intensity in FLOP per byte of bf16
-    operands (``2MNK / (2(MN + NK + MK))``) and ``B`` the GPU's machine balance, peak FLOP/s over
-    HBM bytes/s (the roofline ridge point: 153 FLOP/B for A100-80GB, 295 for H100-SXM). Large
-    square GEMMs approach ``gemm_eff_max``; a narrow TP shard (small ``N`` or ``K``) or a small
-    micro-batch (small ``M``) pulls ``xi`` down, and a GPU with more FLOPs per byte of bandwidth
-    needs larger tiles for the same fraction of its peak.
+    GEMM efficiency curve: a GEMM of shape ``(M, N, K)`` runs at
+    ``ceiling * xi / (xi + gemm_half_balance * B)`` of peak, where ``ceiling`` is the GPU's
+    max-achievable-matmul fraction (``gemm_eff`` / ``fp8_gemm_eff`` in ``instances/gpus.toml``,
+    measured by generation: 86.9 % on A100, 80.3 % on H100), ``xi = 1 / (1/M + 1/N + 1/K)`` the
+    GEMM's arithmetic intensity in FLOP per byte of 16-bit operands (``2MNK / (2(MN + NK +
+    MK))``) and ``B`` the GPU's machine balance, peak FLOP/s over HBM bytes/s (the roofline ridge
+    point: 153 FLOP/B for A100-80GB, 295 for H100-SXM). Large square GEMMs approach the ceiling;
+    a narrow TP shard (small ``N`` or ``K``) or a small micro-batch (small ``M``) pulls ``xi``
+    down, and a GPU with more FLOPs per byte of bandwidth needs larger tiles for the same
+    fraction of its peak. Fused attention runs at the GPU's ``attention_eff`` (its kernel:
+    FlashAttention-3 on Hopper, FlashAttention-2 on Ampere/Ada, unfused on Volta).
 
-    Provenance of the defaults. Fitted on SC'21 Table 1 (minimax of the log error, all ten rows,
-    max error 4.9 %; leave-one-out max error about 6 %): ``gemm_half_balance``,
-    ``unfused_attention_eff``, ``elementwise_bytes``, ``dp_overlap``. Chosen, not fitted: ``gemm_eff_max`` = 0.80 (large bf16 GEMMs on A100/H100
-    reach 75-85 % of peak), ``flash_attention_eff`` (FlashAttention-2 paper), ``tp_overlap`` = 0
-    (Megatron-LM without ``--tp-comm-overlap``), bus efficiencies and latencies (NCCL all-reduce
-    bus bandwidth of about 230 GB/s on DGX A100 NVLink, 85 % of line rate on InfiniBand),
-    ``hbm_eff`` and ``pcie_eff`` (typical STREAM-like fractions).
+    Provenance of the defaults. Fitted on SC'21 Table 1 under the ``megatron-2021`` profile (no
+    overlapped communication, unfused attention; minimax of the log error over all ten rows,
+    ``python -m solver.cost.calibration --fit``; largest error 6.6 %, mean +1.9 %):
+    ``gemm_half_balance``,
+    ``unfused_attention_eff``, ``elementwise_bytes``. Chosen, not fitted: bus efficiencies and
+    latencies (NCCL all-reduce bus bandwidth of about 230 GB/s on DGX A100 NVLink, 85 % of line
+    rate on InfiniBand), ``hbm_eff`` and ``pcie_eff`` (typical STREAM-like fractions). What is
+    overlapped is the framework profile's, scheduled (``solver.cost.frameworks``), not a fitted
+    fraction.
 
     Attributes
     ----------
-    gemm_eff_max : float
-        Asymptotic fraction of peak reached by large GEMMs.
     gemm_half_balance : float
-        Arithmetic intensity at which GEMM efficiency is half of ``gemm_eff_max``, in multiples of
+        Arithmetic intensity at which GEMM efficiency is half of the ceiling, in multiples of
         the GPU's machine balance.
     attention : AttentionKernel
-        Attention implementation of the software stack (default: FlashAttention).
-    flash_attention_eff : float
-        Fraction of peak a FlashAttention kernel reaches on the FLOPs it executes (half of the
-        full square for causal masks). Not fitted: FlashAttention-2 (Dao 2023) reports 50-73 %
-        forward and somewhat less backward on A100.
+        Attention implementation of the software stack (default: FlashAttention where the GPU
+        has a fused kernel).
     unfused_attention_eff : float
         Fraction of peak of an unfused attention core on the full-square FLOPs (the score
         matrix's softmax/dropout HBM traffic included). Fitted on Megatron-LM 2021.
@@ -88,12 +88,6 @@ class Calibration:
         Latency per ring step of a collective inside a node.
     nic_latency_s : float
         Latency per ring step of a collective across nodes.
-    tp_overlap : float
-        Fraction of tensor-parallel communication hidden behind compute (0: exposed, as in
-        Megatron-LM 2021).
-    dp_overlap : float
-        Fraction of the last micro-batch's backward pass that the data-parallel gradient
-        synchronisation can hide behind (buckets are reduced as soon as their gradients are final).
     offload_resident : float
         Micro-batches of activations that stay in HBM with offload (the one being computed).
     host_offload_gb : float
@@ -104,20 +98,16 @@ class Calibration:
         read and write fp32 master weight, m and v (24), write the bf16 weight (2).
     """
 
-    gemm_eff_max: float = 0.80
-    gemm_half_balance: float = 3.07
+    gemm_half_balance: float = 4.5
     attention: AttentionKernel = AttentionKernel.FLASH
-    flash_attention_eff: float = 0.50
-    unfused_attention_eff: float = 0.145
-    elementwise_bytes: float = 31.0
+    unfused_attention_eff: float = 0.2125
+    elementwise_bytes: float = 20.19
     hbm_eff: float = 0.80
     nvlink_eff: float = 0.78
     nic_eff: float = 0.85
     pcie_eff: float = 0.80
     nvlink_latency_s: float = 3e-6
     nic_latency_s: float = 8e-6
-    tp_overlap: float = 0.0
-    dp_overlap: float = 0.24
     offload_resident: float = 1.0
     host_offload_gb: float = 128.0
     optimizer_bytes: float = 30.0
@@ -127,26 +117,27 @@ DEFAULT_CALIBRATION = Calibration()
 
 
 def gemm_efficiency(m: np.ndarray, n: np.ndarray, k: np.ndarray, calib: Calibration,
-                    balance: float) -> np.ndarray:
+                    balance: float, ceiling: float) -> np.ndarray:
     """Fraction of peak reached by GEMMs of shape ``(m, n, k)`` (arrays broadcast) on a GPU whose
-    machine balance (peak FLOP/s / HBM bytes/s) is ``balance``.
+    machine balance (peak FLOP/s / HBM bytes/s) is ``balance`` and whose largest GEMMs reach
+    ``ceiling`` of peak.
 
     The curve and its constants are documented on :class:`Calibration`.
     """
     m, n, k = (np.maximum(np.asarray(x, dtype=float), 1.0) for x in (m, n, k))
     xi = 1.0 / (1.0 / m + 1.0 / n + 1.0 / k)
-    return calib.gemm_eff_max * xi / (xi + calib.gemm_half_balance * balance)
+    return ceiling * xi / (xi + calib.gemm_half_balance * balance)
 
 
 def machine_balance(island: Island) -> float:
-    """Peak FLOP/s per HBM byte/s of the island's GPUs (datasheet values)."""
+    """Peak 16-bit FLOP/s per HBM byte/s of the island's GPUs (datasheet values)."""
     return island.tflops_per_gpu * 1e12 / (island.hbm_bw_gbs * 1e9)
 
 
 def gemm_time(flops: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, peak_flops: float,
-              calib: Calibration, balance: float) -> np.ndarray:
+              calib: Calibration, balance: float, ceiling: float) -> np.ndarray:
     """Seconds for ``flops`` of GEMM work of shape ``(m, n, k)`` on a GPU of ``peak_flops``."""
-    return flops / (peak_flops * gemm_efficiency(m, n, k, calib, balance))
+    return flops / (peak_flops * gemm_efficiency(m, n, k, calib, balance, ceiling))
 
 
 @dataclass(frozen=True)
@@ -191,6 +182,23 @@ class Links:
             hbm_bw=island.hbm_bw_gbs * 1e9 * calib.hbm_eff,
             gpus_per_node=island.gpus_per_node,
         )
+
+    def data_parallel(self, stride: np.ndarray, group: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """Bandwidth and step latency of a collective over ``group`` ranks placed ``stride``
+        apart (a data-parallel group under Megatron's tp-cp-ep-dp-pp rank order).
+
+        Inside a node it runs on NVLink. Across nodes each node holds
+        ``k = gpus_per_node / stride`` members of the group (at most ``group``), each with its
+        own NIC, and NCCL runs one ring per rail (channel), each moving ``1/k`` of the data over
+        its own NIC: the group moves ``k`` NICs' worth across nodes, capped by NVLink.
+        """
+        stride, group = np.asarray(stride), np.asarray(group)
+        inside = stride * group <= self.gpus_per_node
+        rails = np.clip(self.gpus_per_node // np.maximum(stride, 1), 1, np.maximum(group, 1))
+        across = np.minimum(self.intra_bw, rails * self.inter_bw)
+        return (np.where(inside, self.intra_bw, across),
+                np.where(inside, self.intra_lat, self.inter_lat))
 
     def select(self, span: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Bandwidth and step latency for groups spanning ``span`` consecutive ranks."""

@@ -22,7 +22,8 @@ from solver.cost.stage_costs import (
     model_flops_per_token,
     stage_costs,
 )
-from solver.spec.domain import Island, ModelSpec, Schedule
+from solver.cost.frameworks import Runtime
+from solver.spec.domain import Framework, Island, ModelSpec, Precision, Schedule
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class EstimateSetup:
     epsilon : float
         Memory margin: a configuration fits when it uses at most ``(1 - epsilon)`` of HBM (and
         its offloaded activations fit the host budget of the calibration).
+    framework : Framework
+        Training runtime (what overlaps; default Megatron-Core).
+    precision : Precision
+        GEMM precision.
     """
 
     model: ModelSpec
@@ -62,6 +67,13 @@ class EstimateSetup:
     schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual_stages: int = 1
     epsilon: float = 0.1
+    framework: Framework = Framework.MEGATRON_CORE
+    precision: Precision = Precision.BF16
+
+    @property
+    def runtime(self) -> Runtime:
+        """Framework and precision."""
+        return Runtime(self.framework, self.precision)
 
 
 @dataclass(frozen=True)
@@ -175,7 +187,7 @@ def _evaluate(setup: EstimateSetup, calib: Calibration) -> tuple[ConfigArrays, S
     n_micro = setup.global_batch // (setup.parallel.dp * cfg.micro_batch)
     pipe = PipelineSetting(n_micro, 1, setup.schedule, setup.virtual_stages)
     costs = stage_costs(ModelSlice.whole(setup.model), setup.island, setup.seq_len, cfg, pipe,
-                        calib)
+                        calib, setup.runtime)
     time = (n_micro + _bubble_stages(setup)) * costs.latency_s + costs.iteration_s
     return cfg, costs, n_micro, time
 

@@ -42,7 +42,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from solver.spec.domain import Framework, Recompute
+import numpy as np
+
+from solver.spec.domain import Framework, Precision, Recompute
 
 
 @dataclass(frozen=True)
@@ -105,10 +107,10 @@ class FrameworkProfile:
         """ZeRO stages allowed for a stage of a multi-stage pipeline or a single stage."""
         return self.zero_pipelined if pipelined else self.zero_single
 
-    def bucket_params(self, dp: int) -> float:
-        """Parameters per gradient bucket at data-parallel degree ``dp``."""
+    def bucket_params(self, dp):
+        """Parameters per gradient bucket at data-parallel degree ``dp`` (int or array)."""
         if self.framework in (Framework.MEGATRON_CORE, Framework.FLAGSCALE):
-            return max(self.grad_bucket_params, 1e6 * dp)
+            return np.maximum(self.grad_bucket_params, 1e6 * np.asarray(dp))
         return self.grad_bucket_params
 
 
@@ -144,6 +146,34 @@ PROFILES = MappingProxyType({
         overlap_param_gather=True, tp_comm_overlap=False, zero2_per_microbatch=True,
         grad_bucket_params=2.5e7, zero3_live_params=0.0, unfused_attention=False),
 })
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The software a stage runs under: what the cost model prices.
+
+    Attributes
+    ----------
+    framework : Framework
+        Training runtime (its profile decides what is overlapped).
+    precision : Precision
+        GEMM precision the job asks for; a GPU without it runs 16-bit
+        (:meth:`~solver.spec.domain.GPUSpec.runs_in`).
+    """
+
+    framework: Framework = Framework.MEGATRON_CORE
+    precision: Precision = Precision.BF16
+
+    @property
+    def profile(self) -> FrameworkProfile:
+        """The framework's profile."""
+        return PROFILES[self.framework]
+
+
+def job_runtime(job) -> Runtime:
+    """The runtime a job's plans are priced under (``[planner] framework``, ``[training]
+    precision``)."""
+    return Runtime(job.planner.framework, job.training.precision)
 
 
 def profile(framework: Framework) -> FrameworkProfile:

@@ -29,6 +29,7 @@ GRAD_BYTES = 4.0        # fp32 main gradients (Megatron-LM, bf16 training)
 OPTIMIZER_BYTES = 12.0  # fp32 master weights + Adam m + v
 LOGIT_BYTES = 4.0       # fp32 logits kept by the vocab-parallel cross entropy for its backward
 ZERO3_PREFETCH_LAYERS = 2.0  # gathered layers held by ZeRO-3 (current + prefetched)
+FP8_CACHE_BYTES = 2.0   # Transformer Engine's cached FP8 weight and its transpose, per param
 
 
 @dataclass(frozen=True)
@@ -143,9 +144,25 @@ def param_counts(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, emb: n
     return dense, expert
 
 
+def largest_matrix(model: ModelSpec) -> float:
+    """Parameters of the layer's largest weight matrix (before sharding)."""
+    q, kv, h = model.heads * model.d_head, model.kv_heads * model.d_head, model.hidden
+    width = max(model.ffn, model.expert_ffn if model.is_moe else 0)
+    up = 2 if model.gated_mlp else 1
+    return float(max(h * (q + 2 * kv), q * h, up * h * width, width * h))
+
+
 def model_state_bytes(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,
-                      head: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Weight, gradient and optimizer bytes per GPU under ZeRO (Rajbhandari et al. 2020)."""
+                      head: np.ndarray, zero3_per_module: bool = False, fp8: bool = False
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Weight, gradient and optimizer bytes per GPU under ZeRO (Rajbhandari et al. 2020).
+
+    ZeRO-3 holds gathered weights beside its shard: two whole layers (current and prefetched,
+    FSDP's per-layer wrapping), or with ``zero3_per_module`` two of the largest weight matrices
+    (DeepSpeed gathers submodule by submodule, prefetching the next). With ``fp8`` Transformer
+    Engine keeps, beside the 16-bit weights, an FP8 copy and its transpose of every weight it
+    holds (``FP8_CACHE_BYTES``), reused across micro-batches.
+    """
     dense, expert = param_counts(model, cfg, layers, emb, head)
     q_dense = (cfg.dp * cfg.cp).astype(float)
     q_expert = q_dense / cfg.ep
@@ -155,9 +172,13 @@ def model_state_bytes(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, e
         return np.where(on, dense / q_dense, dense) + np.where(on, expert / q_expert, expert)
 
     lp = LayerParams.of(model)
-    gathered = np.minimum(layers, ZERO3_PREFETCH_LAYERS)
-    prefetch = gathered * (lp.dense / cfg.tp + lp.expert / (cfg.tp * cfg.ep))
-    weights = WEIGHT_BYTES * (sharded(3) + np.where(cfg.zero >= 3, prefetch, 0.0))
+    if zero3_per_module:
+        prefetch = np.minimum(layers, 1) * 2.0 * largest_matrix(model) / cfg.tp
+    else:
+        gathered = np.minimum(layers, ZERO3_PREFETCH_LAYERS)
+        prefetch = gathered * (lp.dense / cfg.tp + lp.expert / (cfg.tp * cfg.ep))
+    live = sharded(3) + np.where(cfg.zero >= 3, prefetch, 0.0)
+    weights = WEIGHT_BYTES * live + (FP8_CACHE_BYTES * live if fp8 else 0.0)
     return weights, GRAD_BYTES * sharded(2), OPTIMIZER_BYTES * sharded(1)
 
 
@@ -185,9 +206,13 @@ def activation_bytes(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: 
 
 def substage_memory(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: np.ndarray,
                     emb: np.ndarray, head: np.ndarray, in_flight: np.ndarray,
-                    resident: float, flash: bool = True) -> MemoryArrays:
+                    resident: float, flash: bool = True, zero3_per_module: bool = False,
+                    fp8: bool = False) -> MemoryArrays:
     """Memory per GPU of a sub-stage with ``layers`` layers holding ``in_flight`` micro-batches
-    (``flash``: FlashAttention, no stored scores)."""
-    weights, grads, optim = model_state_bytes(model, cfg, layers, emb, head)
+    (``flash``: FlashAttention, no stored scores; the last two as in :func:`model_state_bytes`).
+    Activations are counted in 16 bits also with FP8 GEMMs (conservative: Transformer Engine
+    may keep some GEMM inputs in FP8)."""
+    weights, grads, optim = model_state_bytes(model, cfg, layers, emb, head, zero3_per_module,
+                                              fp8)
     acts, host = activation_bytes(model, seq_len, cfg, layers, head, in_flight, resident, flash)
     return MemoryArrays(weights, grads, optim, acts, host)

@@ -22,7 +22,7 @@ from typing import Protocol
 import numpy as np
 
 from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
-from solver.cost.frameworks import profile, zero_choices
+from solver.cost.frameworks import Runtime, profile, zero_choices
 from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, ModelSlice, StageConfig
 from solver.cost.stage_costs import (
     PipelineSetting,
@@ -30,7 +30,8 @@ from solver.cost.stage_costs import (
     stage_costs,
     substage_latencies,
 )
-from solver.spec.domain import FeaturePreset, Framework, Island, ModelSpec, Recompute, Schedule
+from solver.spec.domain import (FeaturePreset, Framework, Island, ModelSpec, Precision, Recompute,
+                                Schedule)
 
 __all__ = ["AnalyticParallelizer", "FeatureSet", "MemoryBreakdown", "Parallelizer", "PartialPlan",
            "PlanContext", "StageConfig", "best_plan", "framework_features", "pipeline_time"]
@@ -120,7 +121,10 @@ class PlanContext:
     virtual_stages : int
         Model chunks per GPU with the interleaved schedule.
     framework : Framework | None
-        Training runtime whose profile restricts the configurations (None: the features alone).
+        Training runtime whose profile restricts the configurations (None: the features alone,
+        priced as Megatron-Core).
+    precision : Precision
+        GEMM precision the job asks for.
     """
 
     seq_len: int
@@ -133,6 +137,12 @@ class PlanContext:
     schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual_stages: int = 1
     framework: Framework | None = None
+    precision: Precision = Precision.BF16
+
+    @property
+    def runtime(self) -> Runtime:
+        """What the cost model prices the stage under."""
+        return Runtime(self.framework or Framework.MEGATRON_CORE, self.precision)
 
 
 @dataclass(frozen=True)
@@ -319,7 +329,8 @@ class AnalyticParallelizer:
             return []
         pipe = PipelineSetting(context.n_micro, context.in_flight, context.schedule,
                                context.virtual_stages)
-        costs = stage_costs(slice, island, context.seq_len, cfg, pipe, self.calibration)
+        costs = stage_costs(slice, island, context.seq_len, cfg, pipe, self.calibration,
+                            context.runtime)
         idx = np.flatnonzero(costs.fits(island.hbm_gb, context.epsilon, self.calibration))
         if idx.size == 0:
             return []
@@ -329,7 +340,7 @@ class AnalyticParallelizer:
         chosen = idx[pareto_mask(groups, obj)]
         chosen = chosen[np.argsort(costs.latency_s[chosen], kind="stable")]
         subs = substage_latencies(slice, island, context.seq_len, cfg.take(chosen), pipe,
-                                  self.calibration)
+                                  self.calibration, context.runtime)
         return _plans(cfg, costs, chosen, subs)
 
     def plan_many(self, model: ModelSpec, lengths: list[int], has_embedding: bool,
@@ -355,7 +366,8 @@ class AnalyticParallelizer:
         pipe = PipelineSetting(context.n_micro, context.in_flight, context.schedule,
                                context.virtual_stages)
         batch = _SliceBatch(model, layers, has_embedding, has_head)
-        costs = stage_costs(batch, island, context.seq_len, cfg, pipe, self.calibration)
+        costs = stage_costs(batch, island, context.seq_len, cfg, pipe, self.calibration,
+                            context.runtime)
         idx = np.flatnonzero(costs.fits(island.hbm_gb, context.epsilon, self.calibration))
         which = idx // m
         groups = ((which * 1_000_003 + cfg.tp[idx]) * 1_000_003 + cfg.cp[idx]) * 1_000_003 \

@@ -13,12 +13,22 @@ last sub-stage holds); GPipe holds all ``n_micro``; the interleaved schedule gro
 sub-stage's share by ``1 + (pp - 1) / (pp v)``.
 
 Per iteration (Rajbhandari et al. 2020; the Scaling Book, seeds/004): without ZeRO the fp32
-gradients are all-reduced over the ``dp * cp`` replicas; with ZeRO-1/2 they are reduce-scattered and
-the bf16 weights all-gathered after the step; ZeRO-3 already did both every micro-batch. The sync
-hides behind ``Calibration.dp_overlap`` of the last micro-batch's backward pass (gradient buckets
-are reduced as they become final). The Adam step is memory-bound: ``optimizer_bytes`` per locally
-updated parameter through HBM. Offload copies overlap with the compute of the same pass (separate
-copy engines); only the excess is exposed. ZeRO-3 gathers are prefetched likewise.
+gradients are all-reduced over the ``dp * cp`` replicas; with ZeRO-1 they are reduce-scattered
+once and the 16-bit weights all-gathered after the step (Megatron's distributed optimizer keeps a
+full fp32 gradient buffer for that); ZeRO-2 shards the gradients, so it must reduce-scatter them
+every micro-batch (DeepSpeed ``overlap_comm``, FSDP ``SHARD_GRAD_OP``); ZeRO-3 also gathers the
+weights every micro-batch. Data-parallel collectives run on NVLink inside a node and on ``k``
+rails across nodes (:meth:`~solver.cost.efficiency.Links.data_parallel`).
+
+What overlaps is the framework's (:mod:`solver.cost.frameworks`), scheduled bucket by bucket:
+with ``overlap_grad_reduce`` the gradient collective of each bucket starts when its gradients
+are final during the last micro-batch's backward pass, so it hides behind that pass except for
+the last bucket (``max(c - w (1 - 1/nb), c / nb)`` for collective ``c``, window ``w``, ``nb``
+buckets); with ``overlap_param_gather`` the weight all-gather hides likewise behind the next
+forward pass. ZeRO-2/3 per-micro-batch collectives hide the same way behind every pass. Without
+overlap (Megatron-LM 2021) everything is exposed. The Adam step is memory-bound:
+``optimizer_bytes`` per locally updated parameter through HBM. Offload copies overlap with the
+compute of the same pass (separate copy engines); only the excess is exposed.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from solver.cost.efficiency import (
     machine_balance,
     ring_time,
 )
+from solver.cost.frameworks import Runtime
 from solver.cost.memory import (
     GRAD_BYTES,
     WEIGHT_BYTES,
@@ -54,7 +65,7 @@ from solver.cost.timing import (
     p2p_time,
     tokens_per_gpu,
 )
-from solver.spec.domain import Island, ModelSpec, Schedule
+from solver.spec.domain import Framework, Island, ModelSpec, Precision, Schedule
 
 
 @dataclass(frozen=True)
@@ -152,36 +163,76 @@ class StageCosts:
                 & (self.host_bytes <= calib.host_offload_gb * 1e9))
 
 
-def _time_inputs(model: ModelSpec, island: Island, seq_len: int, calib: Calibration) -> TimeInputs:
-    return TimeInputs(model, seq_len, island.tflops_per_gpu * 1e12, machine_balance(island),
-                      Links.of(island, calib), calib)
+def _time_inputs(model: ModelSpec, island: Island, seq_len: int, calib: Calibration,
+                 runtime: Runtime) -> TimeInputs:
+    """What timing needs: the island's weakest GPU at the precision it runs, its kernels."""
+    gpu, prec = island.gpu, runtime.precision
+    sixteen = island.tflops_per_gpu * 1e12
+    peak = sixteen * gpu.peak_tflops(prec) / gpu.peak_tflops(Precision.BF16)
+    ceiling = min(n.gpu.gemm_ceiling(prec) for n in island.nodes)
+    fused = (calib.attention is AttentionKernel.FLASH and not runtime.profile.unfused_attention
+             and all(n.gpu.attention != "unfused" for n in island.nodes))
+    attention = min(n.gpu.attention_eff for n in island.nodes) if fused else None
+    return TimeInputs(model, seq_len, peak, sixteen, machine_balance(island), ceiling, attention,
+                      Links.of(island, calib), calib, runtime.profile)
 
 
-def _zero3_and_sync(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,
-                    head: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """ZeRO-3 per-micro-batch gather (fwd) and gather + reduce-scatter (bwd), the per-iteration
-    gradient sync (before overlap) and the optimizer step, for a sub-stage."""
+def _fp8(island: Island, runtime: Runtime) -> bool:
+    """The stage runs FP8 GEMMs (asked for, and every GPU of the island has them)."""
+    return runtime.precision is Precision.FP8 and all(
+        n.gpu.runs_in(Precision.FP8) == "fp8" for n in island.nodes)
+
+
+def hide(comm: np.ndarray, window: np.ndarray, buckets: np.ndarray) -> np.ndarray:
+    """Exposed part of a bucketed collective ``comm`` overlapped with ``window`` seconds of
+    compute: every bucket but the last hides behind the work that follows it."""
+    return np.maximum(comm - window * (1.0 - 1.0 / buckets), comm / buckets)
+
+
+def _collectives(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,
+                 head: np.ndarray):
+    """``coll(bytes_per_param, factor)`` over the sub-stage's data-parallel groups (dense and
+    expert), the gradient bucket count and the locally updated parameters."""
     dense, expert = param_counts(ti.model, cfg, layers, emb, head)
     q_dense = cfg.dp * cfg.cp
     q_expert = q_dense // cfg.ep
-    bw, lat = ti.links.select(cfg.tp * cfg.cp * cfg.dp)
+    bw_d, lat_d = ti.links.data_parallel(cfg.tp, q_dense)
+    bw_e, lat_e = ti.links.data_parallel(cfg.tp * cfg.ep, q_expert)
 
     def coll(bytes_per_param: float, factor: float = 1.0) -> np.ndarray:
-        return (ring_time(bytes_per_param * dense, q_dense, bw, lat, factor)
-                + ring_time(bytes_per_param * expert, q_expert, bw, lat, factor))
+        return (ring_time(bytes_per_param * dense, q_dense, bw_d, lat_d, factor)
+                + ring_time(bytes_per_param * expert, q_expert, bw_e, lat_e, factor))
 
-    z3 = cfg.zero >= 3
-    gather = np.where(z3, coll(WEIGHT_BYTES), 0.0)
-    scatter = np.where(z3, coll(GRAD_BYTES), 0.0)
-    sync = np.where(cfg.zero == 0, coll(GRAD_BYTES, 2.0),
-                    np.where(z3, 0.0, coll(GRAD_BYTES) + coll(WEIGHT_BYTES)))
+    buckets = np.maximum(np.ceil((dense + expert) / ti.profile.bucket_params(cfg.dp)), 1.0)
     local = np.where(cfg.zero >= 1, dense / q_dense + expert / q_expert, dense + expert)
+    return coll, buckets, local
+
+
+def _zero_and_sync(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,
+                   head: np.ndarray, fwd_work: np.ndarray, bwd_work: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Exposed per-micro-batch ZeRO-2/3 collectives (fwd, bwd), exposed per-iteration sync and
+    the optimizer step of a sub-stage (the module docstring says what overlaps)."""
+    coll, nb, local = _collectives(ti, cfg, layers, emb, head)
+    z3, z2 = cfg.zero >= 3, cfg.zero == 2
+    gather = np.where(z3, coll(WEIGHT_BYTES), 0.0)
+    scatter = np.where(z3 | z2, coll(GRAD_BYTES), 0.0)
+    z_fwd = hide(gather, fwd_work, nb)
+    z_bwd = hide(gather + scatter, bwd_work, nb)
+    grads = np.where(cfg.zero == 0, coll(GRAD_BYTES, 2.0),
+                     np.where(z3 | z2, 0.0, coll(GRAD_BYTES)))
+    weights = np.where((cfg.zero >= 1) & ~z3, coll(WEIGHT_BYTES), 0.0)
+    if ti.profile.overlap_grad_reduce:
+        grads = hide(grads, bwd_work, nb)
+    if ti.profile.overlap_param_gather:
+        weights = hide(weights, fwd_work, nb)
     optimizer = ti.calib.optimizer_bytes * local / ti.links.hbm_bw
-    return gather, gather + scatter, sync, optimizer
+    return z_fwd, z_bwd, grads + weights, optimizer
 
 
 def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,
-                   head: np.ndarray, in_flight: np.ndarray, p2p_factor: float) -> SubStageCosts:
+                   head: np.ndarray, in_flight: np.ndarray, p2p_factor: float,
+                   fp8: bool = False) -> SubStageCosts:
     """Costs of a sub-stage with ``layers`` layers (plus embedding/head flags), all broadcast."""
     lf, lb = layer_times(ti, cfg)
     ef, eb = embedding_times(ti, cfg)
@@ -189,19 +240,20 @@ def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
     fwd = lf.scaled(layers).plus(ef.scaled(emb)).plus(hf.scaled(head))
     bwd = lb.scaled(layers).plus(eb.scaled(emb)).plus(hb.scaled(head))
     p2p = p2p_time(ti, cfg) * p2p_factor
-    z_fwd, z_bwd, sync, optimizer = _zero3_and_sync(ti, cfg, layers, emb, head)
-    flash = ti.calib.attention is AttentionKernel.FLASH
+    bwd_work = bwd.compute + bwd.recompute
+    z_fwd, z_bwd, dp_s, optimizer = _zero_and_sync(ti, cfg, layers, emb, head, fwd.compute,
+                                                   bwd_work)
+    flash = ti.attention_eff is not None
     stored = (stored_bytes_per_token(ti.model, ti.seq_len, flash)[cfg.recompute] * layers
               * tokens_per_gpu(cfg, ti.seq_len) / cfg.tp)
     copy = np.where(cfg.offload, stored / ti.links.pcie_bw, 0.0)
-    bwd_work = bwd.compute + bwd.recompute
-    fwd = Components(fwd.compute, fwd.recompute, fwd.tp, fwd.cp, fwd.ep,
-                     np.maximum(z_fwd - fwd.compute, 0.0), np.maximum(copy - fwd.compute, 0.0), p2p)
-    bwd = Components(bwd.compute, bwd.recompute, bwd.tp, bwd.cp, bwd.ep,
-                     np.maximum(z_bwd - bwd_work, 0.0), np.maximum(copy - bwd_work, 0.0), p2p)
-    dp_s = np.maximum(sync - ti.calib.dp_overlap * bwd.total, 0.0)
+    fwd = Components(fwd.compute, fwd.recompute, fwd.tp, fwd.cp, fwd.ep, z_fwd,
+                     np.maximum(copy - fwd.compute, 0.0), p2p)
+    bwd = Components(bwd.compute, bwd.recompute, bwd.tp, bwd.cp, bwd.ep, z_bwd,
+                     np.maximum(copy - bwd_work, 0.0), p2p)
+    per_module = ti.profile.framework is Framework.DEEPSPEED
     memory = substage_memory(ti.model, ti.seq_len, cfg, layers, emb, head, in_flight,
-                             ti.calib.offload_resident, flash)
+                             ti.calib.offload_resident, flash, per_module, fp8)
     return SubStageCosts(fwd, bwd, memory, dp_s, optimizer)
 
 
@@ -248,7 +300,8 @@ def _p2p_factor(pipe: PipelineSetting) -> float:
 
 def stage_costs(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays,
                 pipe: PipelineSetting = PipelineSetting(),
-                calib: Calibration = DEFAULT_CALIBRATION) -> StageCosts:
+                calib: Calibration = DEFAULT_CALIBRATION,
+                runtime: Runtime = Runtime()) -> StageCosts:
     """Per-micro-batch time, per-iteration terms and peak memory of every configuration.
 
     Parameters
@@ -265,13 +318,16 @@ def stage_costs(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays
         Micro-batches, activations in flight and schedule.
     calib : Calibration
         Efficiency constants.
+    runtime : Runtime
+        Framework (what overlaps) and precision.
     """
-    ti = _time_inputs(slc.model, island, seq_len, calib)
+    ti = _time_inputs(slc.model, island, seq_len, calib, runtime)
+    fp8 = _fp8(island, runtime)
     pp = np.asarray(cfg.pp)
     if not np.any(pp > 1):  # one sub-stage: no representatives to combine
         one = substage_costs(ti, cfg, np.asarray(slc.layers), np.asarray(slc.has_embedding),
                              np.asarray(slc.has_head), in_flight_of(pipe, pp, np.zeros_like(pp)),
-                             _p2p_factor(pipe))
+                             _p2p_factor(pipe), fp8)
         one = one.where(np.ones(len(cfg), dtype=bool), one)  # every field as long as cfg
         return StageCosts(one.fwd, one.bwd, one.latency, one.dp_s, one.optimizer_s, one.memory,
                           one.memory.host)
@@ -279,11 +335,12 @@ def stage_costs(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays
     only = pp == 1
     factor = _p2p_factor(pipe)
     s0 = substage_costs(ti, cfg, first, np.asarray(slc.has_embedding),
-                        slc.has_head & only, in_flight_of(pipe, pp, np.zeros_like(pp)), factor)
+                        slc.has_head & only, in_flight_of(pipe, pp, np.zeros_like(pp)), factor,
+                        fp8)
     s1 = substage_costs(ti, cfg, second, np.asarray(False), np.asarray(False),
-                        in_flight_of(pipe, pp, np.ones_like(pp)), factor)
+                        in_flight_of(pipe, pp, np.ones_like(pp)), factor, fp8)
     s2 = substage_costs(ti, cfg, last, np.asarray(False), np.asarray(slc.has_head),
-                        in_flight_of(pipe, pp, pp - 1), factor)
+                        in_flight_of(pipe, pp, pp - 1), factor, fp8)
     reps = [(s0, np.ones_like(only)), (s1, pp >= 3), (s2, pp >= 2)]
     return _combine(reps)
 
@@ -309,7 +366,8 @@ def _combine(reps: list[tuple[SubStageCosts, np.ndarray]]) -> StageCosts:
 
 def in_flight_capacity(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays,
                        costs: StageCosts, n_micro: int, epsilon: float,
-                       calib: Calibration = DEFAULT_CALIBRATION) -> np.ndarray:
+                       calib: Calibration = DEFAULT_CALIBRATION,
+                       runtime: Runtime = Runtime()) -> np.ndarray:
     """Most micro-batches in flight each single-sub-stage (``pp = 1``) configuration can hold
     within ``(1 − ε)·HBM`` and the host offload budget, capped at ``n_micro`` (0: never fits).
 
@@ -317,10 +375,11 @@ def in_flight_capacity(slc: ModelSlice, island: Island, seq_len: int, cfg: Confi
     in-flight count (activations scale with it, offload keeps ``offload_resident`` in HBM and
     the rest on the host), so two evaluations give it exactly: ``m(h) = m(1) + (h − 1)·Δ``.
     """
-    flash = calib.attention is AttentionKernel.FLASH
+    ti = _time_inputs(slc.model, island, seq_len, calib, runtime)
     two = substage_memory(slc.model, seq_len, cfg, np.asarray(slc.layers),
                           np.asarray(slc.has_embedding), np.asarray(slc.has_head), np.asarray(2.0),
-                          calib.offload_resident, flash)
+                          calib.offload_resident, ti.attention_eff is not None,
+                          runtime.framework is Framework.DEEPSPEED, _fp8(island, runtime))
     hbm_limit = (1.0 - epsilon) * island.hbm_gb * 1e9
     host_limit = calib.host_offload_gb * 1e9
     out = np.full(np.shape(costs.memory.total), float(n_micro))
@@ -335,7 +394,8 @@ def in_flight_capacity(slc: ModelSlice, island: Island, seq_len: int, cfg: Confi
 
 def substage_latencies(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays,
                        pipe: PipelineSetting = PipelineSetting(),
-                       calib: Calibration = DEFAULT_CALIBRATION) -> list[tuple[float, ...]]:
+                       calib: Calibration = DEFAULT_CALIBRATION,
+                       runtime: Runtime = Runtime()) -> list[tuple[float, ...]]:
     """Per-micro-batch latency of every internal sub-stage, in order, for each configuration.
 
     All (configuration, sub-stage) pairs are evaluated in one vectorized call.
@@ -351,9 +411,9 @@ def substage_latencies(slc: ModelSlice, island: Island, seq_len: int, cfg: Confi
     per_pair = dataclasses.replace(
         pipe, n_micro=np.broadcast_to(pipe.n_micro, (n,))[owner],
         in_flight=np.broadcast_to(pipe.in_flight, (n,))[owner])
-    ti = _time_inputs(slc.model, island, seq_len, calib)
+    ti = _time_inputs(slc.model, island, seq_len, calib, runtime)
     sub = substage_costs(ti, cfg.take(owner), layers, emb, head, in_flight_of(per_pair, pp, j),
-                         _p2p_factor(pipe))
+                         _p2p_factor(pipe), _fp8(island, runtime))
     lat = np.broadcast_to(sub.latency, owner.shape)
     bounds = np.concatenate([[0], np.cumsum(pps)])
     return [tuple(float(x) for x in lat[bounds[i]:bounds[i + 1]]) for i in range(n)]

@@ -91,9 +91,10 @@ def plan_stages(parallelizer, model: ModelSpec, lengths: list[int], has_embeddin
     cfg = base.take(rows)
     batch = _SliceBatch(model, per_row, has_embedding, has_head)
     pipe = PipelineSetting(ctx.n_micro, 1, ctx.schedule, ctx.virtual_stages)
-    costs = stage_costs(batch, island, ctx.seq_len, cfg, pipe, parallelizer.calibration)
+    costs = stage_costs(batch, island, ctx.seq_len, cfg, pipe, parallelizer.calibration,
+                        ctx.runtime)
     cap = in_flight_capacity(batch, island, ctx.seq_len, cfg, costs, ctx.n_micro, ctx.epsilon,
-                             parallelizer.calibration)
+                             parallelizer.calibration, ctx.runtime)
     idx = np.flatnonzero(cap > 0)
     keep = pareto_capacity_mask(length_index[idx], costs.latency_s[idx], costs.iteration_s[idx],
                                 cap[idx])

@@ -3,19 +3,27 @@
 Compute (Narayanan et al., SC'21, Sec. 5.1 FLOP count): per token and layer the forward pass does
 ``2 x`` (active matmul weights) FLOPs in GEMMs plus ``4 s a d_head`` in the attention core (the full
 square, Megatron's count); the backward pass twice the forward. GEMMs run at the size-dependent
-efficiency of :func:`solver.cost.efficiency.gemm_efficiency`; the attention core executes the full
-square at ``unfused_attention_eff`` (unfused kernels) or half of it, the causal triangle, at
-``flash_attention_eff`` (FlashAttention); memory-bound operators move ``elementwise_bytes`` per
-hidden element per token through HBM (twice in backward).
+efficiency of :func:`solver.cost.efficiency.gemm_efficiency` below the GPU's own ceiling, at the
+precision the GPU runs (FP8 where it has it and the job asks for it); the attention core
+executes the full square at ``unfused_attention_eff`` (unfused kernels: Megatron-LM 2021, or a
+GPU without a fused kernel, V100) or half of it, the causal triangle, at the GPU's fused-kernel
+efficiency (FlashAttention-2/3), always in 16 bits; memory-bound operators move
+``elementwise_bytes`` per hidden element per token through HBM (twice in backward).
 
 Communication (the Scaling Book chapter, seeds/004; Korthikanti et al. 2022 for sequence
 parallelism): per layer and pass (forward, and again backward), TP with SP does 2 all-gathers +
-2 reduce-scatters of the
-``n h 2``-byte activation (``n = b s / cp`` tokens per GPU); CP passes K/V around a ring
-(``cp - 1`` chunks per pass, overlapped with the attention core, twice in backward for dK/dV);
-EP dispatches and combines ``n k h 2 / tp`` bytes per GPU with two all-to-alls per pass. Full
-recomputation repeats the forward (compute and its collectives) inside the backward pass;
-selective recomputation repeats the attention core (and the CP ring).
+2 reduce-scatters of the ``n h 2``-byte activation (``n = b s / cp`` tokens per GPU); CP passes
+K/V around a ring (``cp - 1`` chunks per pass, overlapped with the attention core, twice in
+backward for dK/dV); EP dispatches and combines ``n k h 2 / tp`` bytes per GPU with two
+all-to-alls per pass. Full recomputation repeats the forward (compute and its collectives)
+inside the backward pass; selective recomputation repeats the attention core (and the CP ring).
+
+TP overlap is the framework's (``solver.cost.frameworks``). Megatron-Core's
+``--tp-comm-overlap`` (Transformer Engine userbuffers) splits each all-gather / reduce-scatter
+into ``tp`` chunks exchanged while the GEMM that consumes or produces them runs on the chunks
+already there, so only the first chunk, or what outlasts the GEMMs, stays exposed:
+``max(c - g, c / tp)`` for communication ``c`` beside GEMM time ``g``. Megatron-LM 2021 and
+DeepSpeed expose all of it.
 """
 
 from __future__ import annotations
@@ -25,12 +33,12 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from solver.cost.efficiency import (
-    AttentionKernel,
     Calibration,
     Links,
     gemm_time,
     ring_time,
 )
+from solver.cost.frameworks import FrameworkProfile
 from solver.cost.stage import ConfigArrays
 from solver.spec.domain import ModelSpec
 
@@ -98,21 +106,33 @@ class TimeInputs:
     seq_len : int
         Tokens per sequence.
     peak_flops : float
-        Peak dense bf16 FLOP/s of one GPU.
+        Peak dense GEMM FLOP/s of one GPU at the precision it runs.
+    attention_flops : float
+        Peak dense 16-bit FLOP/s (the attention core never runs in FP8 here).
     balance : float
-        Machine balance, peak FLOP/s over HBM bytes/s (scales the GEMM efficiency curve).
+        Machine balance, 16-bit peak FLOP/s over HBM bytes/s (scales the GEMM efficiency curve).
+    gemm_ceiling : float
+        Fraction of ``peak_flops`` the GPU's largest GEMMs reach.
+    attention_eff : float | None
+        Fused attention kernel efficiency (None: unfused attention).
     links : Links
         The island's bandwidths.
     calib : Calibration
         Efficiency constants.
+    profile : FrameworkProfile
+        What the runtime overlaps.
     """
 
     model: ModelSpec
     seq_len: int
     peak_flops: float
+    attention_flops: float
     balance: float
+    gemm_ceiling: float
+    attention_eff: float | None
     links: Links
     calib: Calibration
+    profile: FrameworkProfile
 
 
 def tokens_per_gpu(cfg: ConfigArrays, seq_len: int) -> np.ndarray:
@@ -127,7 +147,8 @@ def _layer_gemm_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray) -> np.ndar
     up = 2 if m.gated_mlp else 1
 
     def g(flops: np.ndarray, rows, cols, inner) -> np.ndarray:
-        return gemm_time(flops, rows, cols, inner, ti.peak_flops, ti.calib, ti.balance)
+        return gemm_time(flops, rows, cols, inner, ti.peak_flops, ti.calib, ti.balance,
+                         ti.gemm_ceiling)
 
     q_dim, kv_dim = m.heads * dh, m.kv_heads * dh
     t = g(2 * n * h * (q_dim + 2 * kv_dim) / tp, n, (q_dim + 2 * kv_dim) / tp, h)
@@ -150,19 +171,27 @@ def _layer_gemm_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray) -> np.ndar
 
 
 def _layer_compute_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray
-                       ) -> tuple[np.ndarray, np.ndarray]:
-    """Forward compute seconds of one layer, and the attention-core part of it."""
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Forward compute seconds of one layer, its attention-core part and its GEMM part."""
     m, c = ti.model, ti.calib
     full_square = 4 * n * ti.seq_len * m.heads * m.d_head / cfg.tp
-    if c.attention is AttentionKernel.FLASH:
-        attn = 0.5 * full_square / (ti.peak_flops * c.flash_attention_eff)
+    if ti.attention_eff is not None:
+        attn = 0.5 * full_square / (ti.attention_flops * ti.attention_eff)
     else:
-        attn = full_square / (ti.peak_flops * c.unfused_attention_eff)
+        attn = full_square / (ti.attention_flops * c.unfused_attention_eff)
     elem_bytes = ti.calib.elementwise_bytes * m.hidden
     if m.is_moe:
         elem_bytes += MOE_PERMUTE_BYTES * m.top_k * m.hidden
     elem = elem_bytes * n / cfg.tp / ti.links.hbm_bw
-    return _layer_gemm_fwd(ti, cfg, n) + attn + elem, attn
+    gemm = _layer_gemm_fwd(ti, cfg, n)
+    return gemm + attn + elem, attn, gemm
+
+
+def tp_exposed(ti: TimeInputs, comm: np.ndarray, gemm: np.ndarray, tp: np.ndarray) -> np.ndarray:
+    """TP communication left exposed beside ``gemm`` seconds of GEMMs (module docstring)."""
+    if not ti.profile.tp_comm_overlap:
+        return comm
+    return np.maximum(comm - gemm, comm / np.maximum(tp, 1))
 
 
 def _layer_comm(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray
@@ -170,7 +199,7 @@ def _layer_comm(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray
     """One layer's forward TP, CP (before overlap) and EP communication seconds."""
     m, links = ti.model, ti.links
     bw, lat = links.select(cfg.tp)
-    tp = 4 * ring_time(n * m.hidden * 2.0, cfg.tp, bw, lat) * (1 - ti.calib.tp_overlap)
+    tp = 4 * ring_time(n * m.hidden * 2.0, cfg.tp, bw, lat)
     kv_rank = np.maximum(m.kv_heads / cfg.tp, 1.0) * m.d_head
     bw, lat = links.select(cfg.tp * cfg.cp)
     cp = ring_time(cfg.cp * 2 * n * kv_rank * 2.0, cfg.cp, bw, lat)
@@ -184,26 +213,29 @@ def _layer_comm(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray
 def layer_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Components]:
     """Forward and backward :class:`Components` of one layer for one micro-batch.
 
-    The backward pass costs twice the forward's compute. Its exposed TP and EP traffic equals the
+    The backward pass costs twice the forward's compute. Its TP and EP traffic equals the
     forward's (the conjugate collectives: reduce-scatter of input gradients, all-gather of output
-    gradients, the reverse all-to-alls); the extra all-gather of the sequence-sharded input for
-    the weight gradients overlaps with the data-gradient GEMM (Korthikanti et al. 2022, Sec. 4.2.2).
-    The CP ring runs twice (K/V out, dK/dV back). Full recomputation (code 2) adds a forward's
-    compute and collectives to it; selective
-    recomputation (code 1) adds the attention core and its CP ring. CP communication is hidden
-    behind the attention core of the same pass (ring attention); only the excess is exposed.
+    gradients, the reverse all-to-alls), overlapped (where the framework does) beside twice the
+    GEMM time; the extra all-gather of the sequence-sharded input for the weight gradients
+    overlaps with the data-gradient GEMM (Korthikanti et al. 2022, Sec. 4.2.2). The CP ring runs
+    twice (K/V out, dK/dV back). Full recomputation (code 2) adds a forward's compute and
+    collectives to it; selective recomputation (code 1) adds the attention core and its CP ring.
+    CP communication is hidden behind the attention core of the same pass (ring attention); only
+    the excess is exposed.
     """
     n = tokens_per_gpu(cfg, ti.seq_len)
-    comp, attn = _layer_compute_fwd(ti, cfg, n)
+    comp, attn, gemm = _layer_compute_fwd(ti, cfg, n)
     tp, cp, ep = _layer_comm(ti, cfg, n)
     full = cfg.recompute == 2
     rc_core = np.where(full, comp, np.where(cfg.recompute == 1, attn, 0.0))
     cp_exposed = np.maximum(cp - attn, 0.0)
-    fwd = Components(compute=comp, tp=tp, cp=cp_exposed, ep=ep)
+    tp_fwd = tp_exposed(ti, tp, gemm, cfg.tp)
+    tp_bwd = tp_exposed(ti, tp, 2 * gemm, cfg.tp)
+    fwd = Components(compute=comp, tp=tp_fwd, cp=cp_exposed, ep=ep)
     rc_comm = np.where(full, 1.0, 0.0)
     bwd = Components(
         compute=2 * comp, recompute=rc_core,
-        tp=tp * (1 + rc_comm), ep=ep * (1 + rc_comm),
+        tp=tp_bwd + rc_comm * tp_fwd, ep=ep * (1 + rc_comm),
         cp=cp_exposed * (2 + np.where(cfg.recompute > 0, 1.0, 0.0)),
     )
     return fwd, bwd
@@ -214,7 +246,7 @@ def embedding_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Comp
     whose gradient is all-gathered (bwd); the lookup itself is negligible."""
     n = tokens_per_gpu(cfg, ti.seq_len)
     bw, lat = ti.links.select(cfg.tp)
-    one = ring_time(n * ti.model.hidden * 2.0, cfg.tp, bw, lat) * (1 - ti.calib.tp_overlap)
+    one = ring_time(n * ti.model.hidden * 2.0, cfg.tp, bw, lat)
     return Components(tp=one), Components(tp=one)
 
 
@@ -224,12 +256,12 @@ def head_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Component
     m = ti.model
     n = tokens_per_gpu(cfg, ti.seq_len)
     gemm = gemm_time(2 * n * m.hidden * m.vocab / cfg.tp, n, m.vocab / cfg.tp, m.hidden,
-                     ti.peak_flops, ti.calib, ti.balance)
+                     ti.peak_flops, ti.calib, ti.balance, ti.gemm_ceiling)
     loss = LOGIT_PASS_BYTES * n * m.vocab / cfg.tp / ti.links.hbm_bw
     bw, lat = ti.links.select(cfg.tp)
-    one = ring_time(n * m.hidden * 2.0, cfg.tp, bw, lat) * (1 - ti.calib.tp_overlap)
-    return (Components(compute=gemm + loss, tp=one),
-            Components(compute=2 * gemm + loss, tp=one))
+    one = ring_time(n * m.hidden * 2.0, cfg.tp, bw, lat)
+    return (Components(compute=gemm + loss, tp=tp_exposed(ti, one, gemm, cfg.tp)),
+            Components(compute=2 * gemm + loss, tp=tp_exposed(ti, one, 2 * gemm, cfg.tp)))
 
 
 def p2p_time(ti: TimeInputs, cfg: ConfigArrays) -> np.ndarray:

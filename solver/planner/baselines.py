@@ -14,6 +14,7 @@ import enum
 import time
 from dataclasses import replace
 
+
 from solver.compose.table import Position
 from solver.cost.parallelizer import AnalyticParallelizer, PlanContext, best_plan
 from solver.cost.stage import ModelSlice
@@ -59,7 +60,7 @@ def _oblivious(job: JobSpec, features: FeaturePreset) -> Plan:
     for n in ns:
         ctx = PlanContext(job.training.seq_len, job.training.global_batch // n, n, 1,
                           job.planner.epsilon, min(MAX_OBLIVIOUS_PP, job.model.layers), features,
-                          framework=job.planner.framework)
+                          framework=job.planner.framework, precision=job.training.precision)
         plans = par.plan(ModelSlice.whole(job.model), island, ctx)
         calls += 1
         chosen = best_plan(plans, n)

@@ -47,11 +47,11 @@ from solver.spec.domain import Island, ModelSpec, Recompute
 CACHE_FORMAT = 2
 #: Version of the cost model's semantics, bumped by hand when results change for the same inputs
 #: in a way the code fingerprint below cannot see (e.g. a new data file the model reads).
-COST_MODEL_VERSION = 1
+COST_MODEL_VERSION = 2
 #: Modules whose source decides a partial plan; their text is hashed into every key.
 COST_MODEL_MODULES = ("solver.cost.parallelizer", "solver.cost.stage_costs", "solver.cost.timing",
                       "solver.cost.memory", "solver.cost.efficiency", "solver.cost.stage",
-                      "solver.cost.stage_options")
+                      "solver.cost.stage_options", "solver.cost.frameworks")
 
 
 def default_cache_dir() -> Path:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from solver.cost.frameworks import job_runtime
 from solver.compose.stage_table import GroupRestrictions, GroupResult
 from solver.compose.table import Position, slice_position
 from solver.cost.parallelizer import (AnalyticParallelizer, FeatureSet, Parallelizer, PlanContext,
@@ -131,7 +132,7 @@ def start_run(job: JobSpec, config: PlannerConfig, n_micro: int | None = None,
     by_name = {i.name: i for i in isl.islands}
     if cache is None:
         ctx = PlanContext(job.training.seq_len, micro, n, 1, job.planner.epsilon, 1, features,
-                          framework=job.planner.framework)
+                          framework=job.planner.framework, precision=job.training.precision)
         cache = GroupCache(job.model, by_name, parallelizer or AnalyticParallelizer(features), ctx,
                            dedupe=Rule.DEDUPE in config.rules)
     else:
@@ -293,7 +294,7 @@ def restage(job: JobSpec, group: Island, start: int, end: int, plan, n_micro: in
     from solver.cost.parallelizer import MemoryBreakdown
     slc = ModelSlice(job.model, end - start, start == 0, end == job.model.layers)
     costs = stage_costs(slc, group, job.training.seq_len, ConfigArrays.of([plan.config]),
-                        PipelineSetting(n_micro, in_flight))
+                        PipelineSetting(n_micro, in_flight), runtime=job_runtime(job))
     mem = costs.memory
     parts = MemoryBreakdown(*(float(getattr(mem, k)[0]) / 1e9
                               for k in ("params", "grads", "optimizer", "activations")))

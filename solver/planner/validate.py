@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from solver.cost.frameworks import job_runtime
 from solver.cost.frameworks import profile, violations
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, stage_costs, substage_latencies
@@ -140,8 +141,9 @@ def _evaluate(s, job: JobSpec, n: int, in_flight: int) -> tuple[tuple[float, ...
     slc = ModelSlice(job.model, s.end - s.start, s.start == 0, s.end == job.model.layers)
     cfg = ConfigArrays.of([s.plan.config])
     pipe = PipelineSetting(n, in_flight)
-    costs = stage_costs(slc, s.group, job.training.seq_len, cfg, pipe)
-    subs = substage_latencies(slc, s.group, job.training.seq_len, cfg, pipe)[0]
+    costs = stage_costs(slc, s.group, job.training.seq_len, cfg, pipe, runtime=job_runtime(job))
+    subs = substage_latencies(slc, s.group, job.training.seq_len, cfg, pipe,
+                              runtime=job_runtime(job))[0]
     return subs, float(costs.iteration_s[0]), float(costs.memory.total[0]) / 1e9
 
 

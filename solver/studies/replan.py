@@ -18,6 +18,7 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
+from solver.cost.frameworks import job_runtime
 from solver.compose.table import slice_position
 from solver.cost.parallelizer import MemoryBreakdown, PartialPlan
 from solver.cost.stage import ConfigArrays, ModelSlice, StageConfig
@@ -126,8 +127,9 @@ def _stage_plan(job: JobSpec, island: Island, start: int, end: int, config: Stag
     cfg = ConfigArrays.of([config])
     pipe = PipelineSetting(n_micro, in_flight)
     group = group_island(island, len(nodes)) if nodes else island
-    costs = stage_costs(slc, group, job.training.seq_len, cfg, pipe)
-    subs = substage_latencies(slc, group, job.training.seq_len, cfg, pipe)[0]
+    costs = stage_costs(slc, group, job.training.seq_len, cfg, pipe, runtime=job_runtime(job))
+    subs = substage_latencies(slc, group, job.training.seq_len, cfg, pipe,
+                              runtime=job_runtime(job))[0]
     mem = costs.memory
     breakdown = MemoryBreakdown(*(float(getattr(mem, k)[0]) / 1e9
                                   for k in ("params", "grads", "optimizer", "activations")))

@@ -18,6 +18,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from solver.cost.frameworks import job_runtime
 from solver.cost.efficiency import DEFAULT_CALIBRATION
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, stage_costs, substage_latencies
@@ -119,10 +120,10 @@ def _fixed_layout_time(plan: Plan, n: int) -> float | None:
         slc = ModelSlice(job.model, s.end - s.start, s.start == 0, s.end == job.model.layers)
         behind = sum(t.plan.config.pp for t in plan.stages[i + 1:])
         pipe = PipelineSetting(n, min(behind + 1, n))
-        costs = stage_costs(slc, s.group, seq, cfg, pipe)
+        costs = stage_costs(slc, s.group, seq, cfg, pipe, runtime=job_runtime(job))
         if not costs.fits(s.island.hbm_gb, job.planner.epsilon, DEFAULT_CALIBRATION)[0]:
             return None
-        subs = substage_latencies(slc, s.group, seq, cfg, pipe)[0]
+        subs = substage_latencies(slc, s.group, seq, cfg, pipe, runtime=job_runtime(job))[0]
         taus += list(subs)
         links += [0.0] * (len(subs) - 1)
         if i + 1 < len(plan.stages):

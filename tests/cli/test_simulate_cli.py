@@ -108,14 +108,16 @@ def test_cli_text_prints_key_value_lines(mini_path, capsys):
 
 
 def test_overlap_demo_changes_the_plan():
-    # The shipped demo: eq. 9 hides the slow boundary transfers, so it splits the H100 pod into
-    # two stages ahead of the A10 pod; links as stages keep one H100 stage ahead of two A10
-    # stages. The simulator prefers the plan made without overlap (see the job file).
+    # The shipped demo: eq. 9 hides the slow boundary transfers, so it cuts the H100 pod into
+    # more stages than links-as-stages does (deeper pipelines are cheap when transfers are
+    # free). The simulator prefers the plan made without overlap (see the job file).
     job = load_job(INSTANCES / "jobs" / "overlap-demo.toml")
     off = dataclasses.replace(job, planner=dataclasses.replace(job.planner, overlap=False))
     with_overlap, without = plan_job(job), plan_job(off)
-    assert [s.island.gpu.name for s in with_overlap.stages] == ["H100-SXM-80GB"] * 2 + ["A10"]
-    assert [s.island.gpu.name for s in without.stages] == ["H100-SXM-80GB"] + ["A10"] * 2
+
+    def h100_stages(plan):
+        return sum(s.island.gpu.name == "H100-SXM-80GB" for s in plan.stages)
+    assert h100_stages(with_overlap) > h100_stages(without) >= 1
     assert check_objectives(with_overlap).simulated_s > check_objectives(without).simulated_s
 
 

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from solver.cost.frameworks import Runtime
 from solver.cost.efficiency import (
     Calibration,
     Links,
@@ -26,7 +27,7 @@ from solver.cost.stage_costs import (
     substage_latencies,
     substage_layers,
 )
-from solver.spec.domain import Island, ModelSpec, Recompute, Schedule
+from solver.spec.domain import Framework, Island, ModelSpec, Recompute, Schedule
 
 LLAMA2_13B = ModelSpec("llama2-13b", layers=40, hidden=5120, ffn=13824, heads=40, kv_heads=40,
                        vocab=32000, gated_mlp=True)
@@ -34,7 +35,7 @@ GPT_1_7B = ModelSpec("gpt-1.7b", layers=24, hidden=2304, ffn=4 * 2304, heads=24,
                      vocab=51200, gated_mlp=False, tied_embeddings=True)
 MOE = ModelSpec("moe", layers=8, hidden=2048, ffn=8192, heads=16, kv_heads=4, vocab=32000,
                 experts=8, top_k=2, expert_ffn=4096)
-CALIB = Calibration(gemm_eff_max=0.8, gemm_half_balance=3.0)
+CALIB = Calibration(gemm_half_balance=3.0)
 
 
 @pytest.fixture()
@@ -42,8 +43,13 @@ def a100(catalog):
     return Island.homogeneous("a100", catalog["A100-SXM-80GB"], 8)
 
 
-def costs_of(slc, island, configs, seq=4096, pipe=PipelineSetting(), calib=CALIB):
-    return stage_costs(slc, island, seq, ConfigArrays.of(configs), pipe, calib)
+#: Megatron-LM 2021 overlaps nothing, so its exposed communication is the by-hand collective time.
+NO_OVERLAP = Runtime(Framework.MEGATRON_2021)
+
+
+def costs_of(slc, island, configs, seq=4096, pipe=PipelineSetting(), calib=CALIB,
+             runtime=NO_OVERLAP):
+    return stage_costs(slc, island, seq, ConfigArrays.of(configs), pipe, calib, runtime)
 
 
 def test_one_llama_layer_tp2_full_recompute_memory_by_hand(a100):
@@ -59,7 +65,8 @@ def test_one_llama_layer_tp2_full_recompute_memory_by_hand(a100):
     #     MLP: norm in 2h + MLP in 2h + SwiGLU 6f = 4h + 82,944
     #     = 61,600 + 103,424 = 165,024 B/token -> 165,024 * 4096 / 2 = 337,969,152 B
     cfg = StageConfig(tp=2, recompute=Recompute.FULL, micro_batch=1)
-    mem = costs_of(ModelSlice(LLAMA2_13B, 1), a100, [cfg]).memory
+    mem = costs_of(ModelSlice(LLAMA2_13B, 1), a100, [cfg],
+                   runtime=Runtime(Framework.MEGATRON_CORE)).memory  # FlashAttention
     assert mem.params[0] == 2 * per_gpu           # bf16
     assert mem.grads[0] == 4 * per_gpu            # fp32 main gradients
     assert mem.optimizer[0] == 12 * per_gpu       # fp32 master + m + v
@@ -89,12 +96,15 @@ def test_gemm_efficiency_curve_by_hand(a100):
     # 4096^3: xi = 1 / (3 / 4096) = 1365.33; 0.8 * 1365.33 / (1365.33 + 459.05) = 0.59870
     balance = machine_balance(a100)
     assert balance == pytest.approx(312e12 / 2039e9)
-    eff = gemm_efficiency(np.array([4096]), 4096, 4096, CALIB, balance)[0]
+    eff = gemm_efficiency(np.array([4096]), 4096, 4096, CALIB, balance, 0.8)[0]
     assert eff == pytest.approx(0.8 * (4096 / 3) / (4096 / 3 + 3 * 312e12 / 2039e9))
     assert eff == pytest.approx(0.59870, abs=1e-5)
-    assert gemm_efficiency(np.array([512]), 4096, 4096, CALIB, balance)[0] < eff
+    assert gemm_efficiency(np.array([512]), 4096, 4096, CALIB, balance, 0.8)[0] < eff
     # A GPU with more FLOPs per byte of HBM bandwidth reaches a smaller fraction of its peak.
-    assert gemm_efficiency(np.array([4096]), 4096, 4096, CALIB, 2 * balance)[0] < eff
+    assert gemm_efficiency(np.array([4096]), 4096, 4096, CALIB, 2 * balance, 0.8)[0] < eff
+    # The ceiling is the GPU's (max-achievable matmul): the curve scales with it.
+    assert gemm_efficiency(np.array([4096]), 4096, 4096, CALIB, balance, 0.869)[0] == \
+        pytest.approx(eff * 0.869 / 0.8)
 
 
 def test_tp_collectives_by_hand(a100):
@@ -108,6 +118,32 @@ def test_tp_collectives_by_hand(a100):
     links = Links.of(a100, CALIB)
     assert ring_time(np.array(1e9), 8, links.inter_bw, links.inter_lat, 2.0) == pytest.approx(
         2 * 7 / 8 * 1e9 / (25e9 * CALIB.nic_eff) + 14 * CALIB.nic_latency_s)
+
+
+def test_tp_comm_overlap_by_hand(a100):
+    # Megatron-Core's --tp-comm-overlap: each collective is split in tp chunks pipelined with
+    # its GEMM; exposed = max(c - g, c / tp). A tp = 2 layer of 13B has GEMMs far longer than
+    # its NVLink traffic, so exactly half (the first chunk) of the collectives stays exposed.
+    cfg = [StageConfig(tp=2, micro_batch=1)]
+    slc = ModelSlice(LLAMA2_13B, 1)
+    raw = costs_of(slc, a100, cfg).fwd.tp[0]
+    core = costs_of(slc, a100, cfg, runtime=Runtime(Framework.MEGATRON_CORE))
+    assert core.fwd.tp[0] == pytest.approx(raw / 2)
+    assert core.bwd.tp[0] == pytest.approx(raw / 2)
+    assert core.fwd.compute[0] > raw  # the condition max(c - g, c/tp) = c/tp rests on
+
+
+def test_data_parallel_rails_by_hand(a100):
+    # 4 nodes of 8 A100, tp = 2: each node holds 4 members of a DP group of 16, one per rail,
+    # so the group moves 4 NICs' worth (4 x 25 GB/s x 0.85) across nodes, below NVLink's.
+    island = Island.homogeneous("a", a100.gpu, 32)
+    links = Links.of(island, CALIB)
+    bw, _ = links.data_parallel(np.array([2]), np.array([16]))
+    assert bw[0] == pytest.approx(4 * 25e9 * CALIB.nic_eff)
+    bw, _ = links.data_parallel(np.array([8]), np.array([4]))  # tp 8: one member per node
+    assert bw[0] == pytest.approx(25e9 * CALIB.nic_eff)
+    bw, _ = links.data_parallel(np.array([1]), np.array([8]))  # inside one node: NVLink
+    assert bw[0] == pytest.approx(links.intra_bw)
 
 
 def test_backward_is_twice_forward_and_full_recompute_adds_a_forward(a100):
@@ -186,7 +222,8 @@ def test_vectorized_equals_scalar(catalog, schedule):
         assert alone.latency_s[0] == pytest.approx(together.latency_s[i], rel=1e-12)
         assert alone.memory.total[0] == pytest.approx(together.memory.total[i], rel=1e-12)
         assert alone.iteration_s[0] == pytest.approx(together.iteration_s[i], rel=1e-12)
-    subs = substage_latencies(slc, island, 4096, ConfigArrays.of(configs), pipe, CALIB)
+    subs = substage_latencies(slc, island, 4096, ConfigArrays.of(configs), pipe, CALIB,
+                              NO_OVERLAP)
     for i, cfg in enumerate(configs):
         assert len(subs[i]) == cfg.pp
         assert max(subs[i]) == pytest.approx(together.latency_s[i], rel=1e-12)

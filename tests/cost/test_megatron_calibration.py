@@ -1,4 +1,5 @@
-"""The cost model against reality: every row of Narayanan et al., SC'21, Table 1 within 15%.
+"""The cost model against reality: every row of Narayanan et al., SC'21, Table 1 within 10%,
+no bias, and the shipped constants the fit's optimum (``python -m solver.cost.calibration --fit``).
 
 Setup of the paper: A100-SXM-80GB, 8 per node, 200 Gb/s per GPU, interleaved 1F1B, full
 recomputation, tp/pp/dp from the row, unfused attention (2021). Micro-batch and model chunks are
@@ -19,7 +20,8 @@ from solver.cost.calibration import (
 )
 from solver.cost.estimate import Estimate
 
-TOLERANCE = 0.15
+TOLERANCE = 0.10   # issue target: calibration rows within ±10% (fitted: largest 6.6%)
+MAX_MEAN_BIAS = 0.03  # fitted: +1.9%
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +29,27 @@ def points():
     return calibration_points()
 
 
-def test_every_row_within_tolerance(points, capsys):
-    with capsys.disabled():
-        print("\n" + markdown_table(points))
+def test_every_row_within_tolerance(points):
     assert len(points) == len(load_rows()) == 10
     bad = [(p.row.params_b, f"{p.error:+.1%}") for p in points if abs(p.error) > TOLERANCE]
-    assert not bad, f"rows outside +-{TOLERANCE:.0%}: {bad}"
+    assert not bad, f"rows outside +-{TOLERANCE:.0%}: {bad}\n{markdown_table(points)}"
+    bias = sum(p.error for p in points) / len(points)
+    assert abs(bias) <= MAX_MEAN_BIAS, f"mean error {bias:+.1%}"
+
+
+def test_shipped_constants_are_a_minimax_optimum():
+    """No single move of a fitted constant by ±2% lowers the largest log error."""
+    import dataclasses
+
+    from solver.cost.calibration import BOUNDS, FITTED, worst_log_error
+    from solver.cost.efficiency import DEFAULT_CALIBRATION as calib
+    here = worst_log_error(calib)[0]
+    for name in FITTED:
+        for factor in (1.02, 1 / 1.02):
+            value = getattr(calib, name) * factor
+            if BOUNDS[name][0] <= value <= BOUNDS[name][1]:
+                trial = worst_log_error(dataclasses.replace(calib, **{name: value}))[0]
+                assert trial >= here - 1e-4, (name, factor, trial, here)
 
 
 def test_every_prediction_fits_and_is_consistent(points):

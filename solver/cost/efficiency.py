@@ -101,7 +101,7 @@ class Calibration:
     gemm_half_balance: float = 4.5
     attention: AttentionKernel = AttentionKernel.FLASH
     unfused_attention_eff: float = 0.2125
-    elementwise_bytes: float = 20.19
+    elementwise_bytes: float = 19.91
     hbm_eff: float = 0.80
     nvlink_eff: float = 0.78
     nic_eff: float = 0.85

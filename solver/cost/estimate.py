@@ -56,6 +56,10 @@ class EstimateSetup:
         Training runtime (what overlaps; default Megatron-Core).
     precision : Precision
         GEMM precision.
+    auto_virtual_stages : bool
+        Choose the fastest fitting number of model chunks ``v`` (``virtual_stages = "auto"``):
+        ``v = 1`` is plain 1F1B, ``v >= 2`` the interleaved schedule, Megatron's rules applied
+        (layers divisible by ``pp v``, micro-batches by ``pp``).
     """
 
     model: ModelSpec
@@ -69,6 +73,7 @@ class EstimateSetup:
     epsilon: float = 0.1
     framework: Framework = Framework.MEGATRON_CORE
     precision: Precision = Precision.BF16
+    auto_virtual_stages: bool = False
 
     @property
     def runtime(self) -> Runtime:
@@ -98,6 +103,43 @@ class Breakdown:
     dp_comm: float
     optimizer: float
     offload: float
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Seconds per iteration of one kind of communication.
+
+    Attributes
+    ----------
+    total_s : float
+        All of it, as if nothing overlapped.
+    exposed_s : float
+        What the framework's schedule leaves on the critical path.
+    """
+
+    total_s: float
+    exposed_s: float
+
+
+@dataclass(frozen=True)
+class Communication:
+    """Each communication term of the bottleneck stage per iteration, total and exposed.
+
+    Attributes
+    ----------
+    tp, cp, ep : Transfer
+        Tensor-, context- and expert-parallel collectives.
+    dp : Transfer
+        Data-parallel gradient / weight synchronisation and ZeRO-2/3 collectives.
+    pp : Transfer
+        Point-to-point transfers between pipeline stages.
+    """
+
+    tp: Transfer
+    cp: Transfer
+    ep: Transfer
+    dp: Transfer
+    pp: Transfer
 
 
 @dataclass(frozen=True)
@@ -139,6 +181,10 @@ class Estimate:
         Memory of the most loaded GPU.
     breakdown : Breakdown
         Iteration time by cause.
+    communication : Communication | None
+        Each communication term, total and exposed.
+    virtual_stages : int
+        Model chunks per GPU of the estimate (1: not interleaved).
     """
 
     config: StageConfig
@@ -150,6 +196,8 @@ class Estimate:
     fits: bool
     memory: MemoryReport
     breakdown: Breakdown
+    communication: Communication | None = None
+    virtual_stages: int = 1
 
     def to_json(self) -> dict:
         """The public ``tangram estimate --json`` object."""
@@ -159,6 +207,9 @@ class Estimate:
             "micro_batch": self.config.micro_batch, "fits": self.fits,
             "memory_gb": dataclasses.asdict(self.memory),
             "breakdown": dataclasses.asdict(self.breakdown),
+            "communication": (dataclasses.asdict(self.communication)
+                              if self.communication else None),
+            "virtual_stages": self.virtual_stages,
         }
 
 
@@ -178,33 +229,74 @@ def _bubble_stages(setup: EstimateSetup) -> float:
     return float(p - 1)
 
 
-def _evaluate(setup: EstimateSetup, calib: Calibration) -> tuple[ConfigArrays, StageCosts,
-                                                                np.ndarray, np.ndarray]:
-    """Costs of every micro-batch candidate: configs, costs, n_micro and iteration time."""
+def _evaluate(setup: EstimateSetup, calib: Calibration, overlap: bool = True
+              ) -> tuple[ConfigArrays, StageCosts, np.ndarray, np.ndarray]:
+    """Costs of every micro-batch candidate: configs, costs, n_micro and iteration time
+    (infinite where the interleaved schedule's ``n_micro % pp == 0`` rule fails)."""
     configs = [dataclasses.replace(setup.parallel, micro_batch=b)
                for b in micro_batch_candidates(setup)]
     cfg = ConfigArrays.of(configs)
     n_micro = setup.global_batch // (setup.parallel.dp * cfg.micro_batch)
     pipe = PipelineSetting(n_micro, 1, setup.schedule, setup.virtual_stages)
+    runtime = dataclasses.replace(setup.runtime, overlap=overlap)
     costs = stage_costs(ModelSlice.whole(setup.model), setup.island, setup.seq_len, cfg, pipe,
-                        calib, setup.runtime)
+                        calib, runtime)
     time = (n_micro + _bubble_stages(setup)) * costs.latency_s + costs.iteration_s
+    if setup.schedule is Schedule.INTERLEAVED:
+        time = np.where(n_micro % setup.parallel.pp == 0, time, np.inf)
     return cfg, costs, n_micro, time
+
+
+def chunk_options(setup: EstimateSetup) -> list[tuple[Schedule, int]]:
+    """(schedule, v) pairs ``virtual_stages = "auto"`` tries: plain 1F1B, and every ``v >= 2``
+    that splits the layers evenly, ``layers % (pp v) == 0`` (Megatron's
+    ``--num-layers-per-virtual-pipeline-stage``), or with one layer fewer on the first and last
+    stages, ``(layers + 2) % (pp v) == 0`` (``--decoder-first/last-pipeline-num-layers``, as the
+    Llama 3 405B run did)."""
+    pp, layers = setup.parallel.pp, setup.model.layers
+    out = [(Schedule.ONE_F_ONE_B, 1)]
+    if pp > 1:
+        out += [(Schedule.INTERLEAVED, v) for v in range(2, layers // pp + 1)
+                if layers % (pp * v) == 0 or (pp > 2 and (layers + 2) % (pp * v) == 0)]
+    return out
 
 
 def estimate(setup: EstimateSetup, calib: Calibration = DEFAULT_CALIBRATION) -> Estimate:
     """Evaluate the setup; with ``auto_micro_batch`` the fastest fitting micro-batch wins (or,
-    when none fits, the one using the least memory, reported with ``fits = False``)."""
+    when none fits, the one using the least memory, reported with ``fits = False``); with
+    ``auto_virtual_stages`` likewise over :func:`chunk_options`."""
+    if setup.auto_virtual_stages:
+        tries = [estimate(dataclasses.replace(setup, schedule=sched, virtual_stages=v,
+                                              auto_virtual_stages=False), calib)
+                 for sched, v in chunk_options(setup)]
+        return min(tries, key=lambda e: (not e.fits, e.iteration_time_s, e.memory.total))
     cfg, costs, n_micro, time = _evaluate(setup, calib)
     total = costs.memory.total
-    fits = costs.fits(setup.island.hbm_gb, setup.epsilon, calib)
+    fits = costs.fits(setup.island.hbm_gb, setup.epsilon, calib) & np.isfinite(time)
     i = int(np.argmin(np.where(fits, time, np.inf))) if fits.any() else int(np.argmin(total))
+    _, raw, _, _ = _evaluate(setup, calib, overlap=False)
+    comm = _communication(setup, costs, raw, i, int(n_micro[i]))
     return _report(setup, cfg.config(i), costs, i, int(n_micro[i]), float(time[i]),
-                   bool(fits[i]))
+                   bool(fits[i]), comm)
+
+
+def _communication(setup: EstimateSetup, costs: StageCosts, raw: StageCosts, i: int,
+                   m: int) -> Communication:
+    """Per-iteration communication of candidate ``i``: ``raw`` (nothing overlapped) against
+    ``costs`` (as scheduled)."""
+    def term(c: StageCosts, name: str) -> float:
+        return m * float(getattr(c.fwd, name)[i] + getattr(c.bwd, name)[i])
+
+    def pair(name: str) -> Transfer:
+        return Transfer(term(raw, name), term(costs, name))
+
+    dp = Transfer(term(raw, "zero") + float(raw.dp_s[i]),
+                  term(costs, "zero") + float(costs.dp_s[i]))
+    return Communication(pair("tp"), pair("cp"), pair("ep"), dp, pair("p2p"))
 
 
 def _report(setup: EstimateSetup, config: StageConfig, costs: StageCosts, i: int, m: int,
-            time: float, fits: bool) -> Estimate:
+            time: float, fits: bool, comm: Communication | None = None) -> Estimate:
     tokens = setup.global_batch * setup.seq_len
     gpus = setup.island.gpus
     tflops = model_flops_per_token(setup.model, setup.seq_len) * tokens / time / gpus / 1e12
@@ -222,5 +314,6 @@ def _report(setup: EstimateSetup, config: StageConfig, costs: StageCosts, i: int
         pp_bubble=_bubble_stages(setup) * float(costs.latency_s[i]) + per_iter("p2p"),
         dp_comm=per_iter("zero") + float(costs.dp_s[i]),
         optimizer=float(costs.optimizer_s[i]), offload=per_iter("offload"))
+    v = setup.virtual_stages if setup.schedule is Schedule.INTERLEAVED else 1
     return Estimate(config, m, time, tokens / time, tflops, tflops / setup.island.tflops_per_gpu,
-                    fits, memory, breakdown)
+                    fits, memory, breakdown, comm, v)

@@ -8,11 +8,14 @@ Format (TOML)::
     gpus_per_node = 8             # optional (8)
     nic_gbits = 400               # optional (the catalog's value)
     epsilon = 0.1                 # optional memory margin (0.1)
+    framework = "megatron-core"   # optional: flagscale | megatron-core | megatron-2021 |
+                                  #   deepspeed | fsdp (what runs and what overlaps)
     description = "..."           # optional
 
     [training]
     global_batch = 512            # sequences per iteration
     seq_len = 8192
+    precision = "bf16"            # optional: bf16 | fp16 | fp8 (FP8 where the GPU has it)
 
     [parallel]
     tp = 8
@@ -24,22 +27,27 @@ Format (TOML)::
     recompute = "none"            # none | selective | full
     offload = false
     schedule = "interleaved"      # 1f1b | gpipe | interleaved
-    virtual_stages = 5            # only with "interleaved" (required there)
+    virtual_stages = 5            # with "interleaved" (required there), or "auto" with any
+                                  #   schedule: the fastest fitting v (1 = plain 1F1B)
     micro_batch = 1               # optional: sequences per micro-batch per replica (auto if absent)
     attention = "flash"           # optional: flash | unfused (Megatron-LM 2021)
 
 ``tp * pp * dp * cp`` must equal ``gpus``; every value is checked through
-:class:`~solver.spec.fields.Fields` and a bad one raises :class:`~solver.spec.errors.InputError`.
+:class:`~solver.spec.fields.Fields` and a bad one raises :class:`~solver.spec.errors.InputError`,
+as does a configuration the framework cannot run (its profile, :mod:`solver.cost.frameworks`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import dataclasses
+
 from solver.cost.efficiency import AttentionKernel
 from solver.cost.estimate import EstimateSetup
+from solver.cost.frameworks import profile, violations
 from solver.cost.stage import StageConfig
-from solver.spec.domain import GPUSpec, Island, ModelSpec, Recompute, Schedule
+from solver.spec.domain import Framework, GPUSpec, Island, ModelSpec, Precision, Recompute, Schedule
 from solver.spec.errors import InputError
 from solver.spec.fields import Fields, read_toml
 from solver.spec.loaders import MAX_GPUS, load_catalog, load_model_ref
@@ -55,15 +63,29 @@ def load_estimate_setup(path: Path | str, catalog: dict[str, GPUSpec] | None = N
     model = load_model_ref(f.get("model", object), str(path), "model", path.parent)
     island = _island(f, catalog)
     epsilon = f.get("epsilon", float, 0.1, lo=0.0, hi=0.9)
+    framework = f.get_enum("framework", Framework, Framework.MEGATRON_CORE)
     tf = f.sub("training", required=True)
     global_batch = tf.get("global_batch", int, lo=1, hi=10**7)
     seq_len = tf.get("seq_len", int, lo=1, hi=10**7)
+    precision = tf.get_enum("precision", Precision, Precision.BF16)
     tf.done()
     pf = f.sub("parallel", required=True)
     setup, attention = _parallel(pf, model, island, global_batch, seq_len, epsilon)
+    setup = dataclasses.replace(setup, framework=framework, precision=precision)
+    _check_framework(pf, setup)
     pf.done()
     f.done()
     return setup, attention
+
+
+def _check_framework(f: Fields, setup: EstimateSetup) -> None:
+    """The configuration is one the framework runs."""
+    prof = profile(setup.framework)
+    found = violations([setup.parallel], prof, setup.parallel.pp > 1)
+    if found:
+        raise InputError(f.file, f.prefix, found[0].removeprefix("stage 0: "))
+    f.check("schedule", prof.interleaving or setup.schedule is not Schedule.INTERLEAVED,
+            f"{setup.framework.value} has no interleaved schedule")
 
 
 def _island(f: Fields, catalog: dict[str, GPUSpec]) -> Island:
@@ -90,18 +112,30 @@ def _parallel(f: Fields, model: ModelSpec, island: Island, global_batch: int, se
     auto = not f.has("micro_batch")
     schedule = f.get_enum("schedule", Schedule, Schedule.ONE_F_ONE_B)
     interleaved = schedule is Schedule.INTERLEAVED
-    f.check("virtual_stages", interleaved or not f.has("virtual_stages"),
-            'virtual_stages needs schedule = "interleaved"')
+    auto_v = f.has("virtual_stages") and f.data.get("virtual_stages") == "auto"
+    if auto_v:
+        f.get("virtual_stages", str)
+    f.check("virtual_stages", interleaved or auto_v or not f.has("virtual_stages"),
+            'virtual_stages needs schedule = "interleaved" (or the value "auto")')
     f.check("virtual_stages", not interleaved or f.has("virtual_stages"),
-            'schedule = "interleaved" needs virtual_stages (model chunks per GPU)')
-    v = f.get("virtual_stages", int, 1, lo=1, hi=4096)
+            'schedule = "interleaved" needs virtual_stages (model chunks per GPU, or "auto")')
+    v = 2 if auto_v else f.get("virtual_stages", int, 1, lo=1, hi=4096)
     attention = f.get_enum("attention", AttentionKernel, AttentionKernel.FLASH)
     _check_shapes(f, model, cfg, seq_len)
     _check_batch(f, cfg, global_batch, auto)
-    f.check("virtual_stages", not interleaved or (cfg.pp > 1 and cfg.pp * v <= model.layers),
+    # Megatron-Core accepts uneven first/last stages (``--decoder-first/last-pipeline-num-
+    # layers``), so an explicit v only needs a chunk per stage: pp * v <= layers.
+    f.check("virtual_stages", auto_v or not interleaved
+            or (cfg.pp > 1 and cfg.pp * v <= model.layers),
             f"interleaving needs pp > 1 and pp * virtual_stages <= layers ({model.layers}), "
             f"got pp {cfg.pp} x {v}")
-    setup = EstimateSetup(model, island, global_batch, seq_len, cfg, auto, schedule, v, epsilon)
+    if interleaved and not auto:
+        n_micro = global_batch // (cfg.dp * cfg.micro_batch)
+        f.check("micro_batch", n_micro % cfg.pp == 0,
+                f"the interleaved schedule needs the {n_micro} micro-batches divisible by "
+                f"pp = {cfg.pp}")
+    setup = EstimateSetup(model, island, global_batch, seq_len, cfg, auto, schedule, v, epsilon,
+                          auto_virtual_stages=auto_v)
     return setup, attention
 
 

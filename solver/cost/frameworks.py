@@ -39,6 +39,7 @@ it. Sources (read in the projects' own code, versions named):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -159,15 +160,23 @@ class Runtime:
     precision : Precision
         GEMM precision the job asks for; a GPU without it runs 16-bit
         (:meth:`~solver.spec.domain.GPUSpec.runs_in`).
+    overlap : bool
+        Price overlap as the framework schedules it; False exposes every transfer (what
+        ``tangram estimate`` reports as each term's total).
     """
 
     framework: Framework = Framework.MEGATRON_CORE
     precision: Precision = Precision.BF16
+    overlap: bool = True
 
     @property
     def profile(self) -> FrameworkProfile:
-        """The framework's profile."""
-        return PROFILES[self.framework]
+        """The framework's profile (with every overlap off when ``overlap`` is False)."""
+        prof = PROFILES[self.framework]
+        if self.overlap:
+            return prof
+        return dataclasses.replace(prof, overlap_grad_reduce=False, overlap_param_gather=False,
+                                   tp_comm_overlap=False)
 
 
 def job_runtime(job) -> Runtime:

@@ -174,7 +174,7 @@ def _time_inputs(model: ModelSpec, island: Island, seq_len: int, calib: Calibrat
              and all(n.gpu.attention != "unfused" for n in island.nodes))
     attention = min(n.gpu.attention_eff for n in island.nodes) if fused else None
     return TimeInputs(model, seq_len, peak, sixteen, machine_balance(island), ceiling, attention,
-                      Links.of(island, calib), calib, runtime.profile)
+                      Links.of(island, calib), calib, runtime.profile, runtime.overlap)
 
 
 def _fp8(island: Island, runtime: Runtime) -> bool:
@@ -217,8 +217,9 @@ def _zero_and_sync(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
     z3, z2 = cfg.zero >= 3, cfg.zero == 2
     gather = np.where(z3, coll(WEIGHT_BYTES), 0.0)
     scatter = np.where(z3 | z2, coll(GRAD_BYTES), 0.0)
-    z_fwd = hide(gather, fwd_work, nb)
-    z_bwd = hide(gather + scatter, bwd_work, nb)
+    z_fwd, z_bwd = gather, gather + scatter
+    if ti.overlap:  # prefetched gathers, bucketed reduce-scatters (DeepSpeed, FSDP)
+        z_fwd, z_bwd = hide(z_fwd, fwd_work, nb), hide(z_bwd, bwd_work, nb)
     grads = np.where(cfg.zero == 0, coll(GRAD_BYTES, 2.0),
                      np.where(z3 | z2, 0.0, coll(GRAD_BYTES)))
     weights = np.where((cfg.zero >= 1) & ~z3, coll(WEIGHT_BYTES), 0.0)
@@ -247,10 +248,11 @@ def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
     stored = (stored_bytes_per_token(ti.model, ti.seq_len, flash)[cfg.recompute] * layers
               * tokens_per_gpu(cfg, ti.seq_len) / cfg.tp)
     copy = np.where(cfg.offload, stored / ti.links.pcie_bw, 0.0)
+    hidden = 1.0 if ti.overlap else 0.0  # copy engines run beside the compute of the pass
     fwd = Components(fwd.compute, fwd.recompute, fwd.tp, fwd.cp, fwd.ep, z_fwd,
-                     np.maximum(copy - fwd.compute, 0.0), p2p)
+                     np.maximum(copy - hidden * fwd.compute, 0.0), p2p)
     bwd = Components(bwd.compute, bwd.recompute, bwd.tp, bwd.cp, bwd.ep, z_bwd,
-                     np.maximum(copy - bwd_work, 0.0), p2p)
+                     np.maximum(copy - hidden * bwd_work, 0.0), p2p)
     per_module = ti.profile.framework is Framework.DEEPSPEED
     memory = substage_memory(ti.model, ti.seq_len, cfg, layers, emb, head, in_flight,
                              ti.calib.offload_resident, flash, per_module, fp8)

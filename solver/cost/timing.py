@@ -121,6 +121,8 @@ class TimeInputs:
         Efficiency constants.
     profile : FrameworkProfile
         What the runtime overlaps.
+    overlap : bool
+        Hide what the schedule hides (False: every transfer exposed, for reporting totals).
     """
 
     model: ModelSpec
@@ -133,6 +135,7 @@ class TimeInputs:
     links: Links
     calib: Calibration
     profile: FrameworkProfile
+    overlap: bool = True
 
 
 def tokens_per_gpu(cfg: ConfigArrays, seq_len: int) -> np.ndarray:
@@ -228,7 +231,7 @@ def layer_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Componen
     tp, cp, ep = _layer_comm(ti, cfg, n)
     full = cfg.recompute == 2
     rc_core = np.where(full, comp, np.where(cfg.recompute == 1, attn, 0.0))
-    cp_exposed = np.maximum(cp - attn, 0.0)
+    cp_exposed = np.maximum(cp - attn, 0.0) if ti.overlap else cp
     tp_fwd = tp_exposed(ti, tp, gemm, cfg.tp)
     tp_bwd = tp_exposed(ti, tp, 2 * gemm, cfg.tp)
     fwd = Components(compute=comp, tp=tp_fwd, cp=cp_exposed, ep=ep)

@@ -197,6 +197,8 @@ def plan_json(plan: Plan, islands_payload: list[dict[str, Any]]) -> dict[str, An
             "island": s.island.name, "gpu": s.island.gpu.name, "gpus": s.gpus,
             "nodes": s.node_ids, "layers": [s.start, s.end], "tp": c.tp, "cp": c.cp, "ep": c.ep, "pp": c.pp,
             "dp": c.dp, "zero": c.zero, "recompute": c.recompute.value, "offload": c.offload,
+            "micro_batch": c.micro_batch,
+            "precision": s.island.gpu.runs_in(plan.job.training.precision),
             "latency_s": _r(s.plan.latency_s), "memory_gb": _r(s.plan.memory_gb)})
     info = plan.solver
     solver: dict[str, Any] = {"name": info.name, "optimal": info.optimal,
@@ -210,7 +212,7 @@ def plan_json(plan: Plan, islands_payload: list[dict[str, Any]]) -> dict[str, An
                           "bubble_ratio": _r(plan.bubble_ratio),
                           "n_micro": plan.n_micro},
             "islands": islands_payload, "stages": stages, "solver": solver,
-            "view": plan.view,
+            "view": plan.view, "framework": plan.job.planner.framework.value,
             "idle_nodes": [{"node": node, "reason": why} for node, why in plan.idle]}
 
 

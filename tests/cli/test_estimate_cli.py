@@ -15,7 +15,8 @@ from solver.spec.loaders import INSTANCES
 
 EXAMPLES = sorted((INSTANCES / "estimate").glob("*.toml"))
 TOP_KEYS = {"iteration_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "micro_batch", "fits",
-            "memory_gb", "breakdown"}
+            "memory_gb", "breakdown", "communication", "virtual_stages"}
+COMM_KEYS = {"tp", "cp", "ep", "dp", "pp"}
 MEMORY_KEYS = {"params", "grads", "optimizer", "activations", "total"}
 BREAKDOWN_KEYS = {"compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_bubble", "dp_comm",
                   "optimizer", "offload"}
@@ -62,6 +63,60 @@ def test_json_contract_on_examples(path, capsys):
     assert mem["total"] == pytest.approx(sum(v for k, v in mem.items() if k != "total"))
     assert 0 < data["mfu"] < 1
     assert data["tokens_per_s"] * data["iteration_time_s"] > 0
+    comm = data["communication"]
+    assert set(comm) == COMM_KEYS
+    assert all(0 <= t["exposed_s"] <= t["total_s"] + 1e-12 for t in comm.values())
+    assert comm["tp"]["exposed_s"] == pytest.approx(data["breakdown"]["tp_comm"])
+
+
+def _json(tmp_path, capsys, text):
+    code, out = run([write(tmp_path, text), "--json"], capsys)
+    assert code == 0
+    return json.loads(out)
+
+
+def test_megatron_core_hides_what_megatron_2021_exposes(tmp_path, capsys):
+    core = _json(tmp_path, capsys, GOOD)
+    old = _json(tmp_path, capsys, 'framework = "megatron-2021"\n' + GOOD)
+    # Same traffic; Megatron-LM 2021 overlaps nothing (exposed = total), Megatron-Core hides
+    # part of its TP and data-parallel traffic.
+    for name in ("tp", "dp"):
+        assert old["communication"][name]["exposed_s"] == pytest.approx(
+            old["communication"][name]["total_s"])
+        assert core["communication"][name]["exposed_s"] < core["communication"][name]["total_s"]
+    assert core["iteration_time_s"] < old["iteration_time_s"]
+
+
+def test_fp8_on_h100_not_on_a100(tmp_path, capsys):
+    h100 = GOOD.replace('"A100-SXM-80GB"', '"H100-SXM-80GB"')
+    fp8 = h100.replace("seq_len = 4096", 'seq_len = 4096\nprecision = "fp8"')
+    assert _json(tmp_path, capsys, fp8)["iteration_time_s"] < \
+        _json(tmp_path, capsys, h100)["iteration_time_s"]
+    a100_fp8 = GOOD.replace("seq_len = 4096", 'seq_len = 4096\nprecision = "fp8"')
+    assert _json(tmp_path, capsys, a100_fp8)["iteration_time_s"] == pytest.approx(
+        _json(tmp_path, capsys, GOOD)["iteration_time_s"])  # A100 has no FP8: runs BF16
+
+
+def test_virtual_stages_auto_is_the_best_fixed_choice(tmp_path, capsys):
+    base = GOOD.replace("pp = 2", "pp = 2\nschedule = \"interleaved\"")
+    auto = _json(tmp_path, capsys, base.replace('recompute = "selective"',
+                                                 'recompute = "selective"\nvirtual_stages = "auto"'))
+    fixed = [_json(tmp_path, capsys, GOOD)["iteration_time_s"]]
+    for v in (2, 4, 5, 10, 20):  # llama2-13b: 40 layers; pp 2 x v must divide them
+        fixed.append(_json(tmp_path, capsys, base.replace(
+            'recompute = "selective"', f'recompute = "selective"\nvirtual_stages = {v}'))
+            ["iteration_time_s"])
+    assert auto["iteration_time_s"] == pytest.approx(min(fixed))
+
+
+def test_framework_refuses_what_it_cannot_run(tmp_path, capsys):
+    bad = 'framework = "deepspeed"\n' + GOOD.replace("dp = 2", "dp = 2\nzero = 2")
+    with pytest.raises(InputError, match="parallel: deepspeed runs ZeRO"):
+        run([write(tmp_path, bad)], capsys)
+    bad = 'framework = "flagscale"\n' + GOOD.replace('recompute = "selective"',
+                                                      'recompute = "selective"\ncp = 1')
+    with pytest.raises(InputError, match="no selective recomputation"):
+        run([write(tmp_path, bad)], capsys)
 
 
 def test_plain_output(tmp_path, capsys):

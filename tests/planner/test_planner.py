@@ -186,8 +186,13 @@ def test_plan_json_contract(capsys):
     assert {"objective", "islands", "stages", "solver", "view", "idle_nodes"} <= set(out)
     assert {"iteration_time_s", "tokens_per_s", "bubble_ratio", "n_micro"} <= set(out["objective"])
     keys = {"island", "gpu", "gpus", "nodes", "layers", "tp", "cp", "ep", "pp", "dp", "zero",
-            "recompute", "offload", "latency_s", "memory_gb"}
+            "recompute", "offload", "latency_s", "memory_gb", "micro_batch", "precision"}
     assert all(keys <= set(s) for s in out["stages"])
+    assert out["framework"] == "flagscale"
+    job = load_job(INSTANCES / "jobs" / "h100-sxm-nvl-llama2-13b.toml")
+    per_micro = job.training.global_batch // out["objective"]["n_micro"]
+    assert all(s["micro_batch"] * s["dp"] == per_micro for s in out["stages"])
+    assert all(s["precision"] == "bf16" for s in out["stages"])
     used = [n for s in out["stages"] for n in s["nodes"]]
     assert len(used) == len(set(used))  # every node in at most one stage
     assert {"name", "optimal", "time_s", "parallelizer_calls"} <= set(out["solver"])

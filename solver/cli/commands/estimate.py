@@ -34,8 +34,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _lines(setup: EstimateSetup, e: Estimate) -> list[str]:
     c, isl = e.config, setup.island
-    sched = setup.schedule.value + (f" (v={setup.virtual_stages})"
-                                    if setup.virtual_stages > 1 else "")
+    sched = ("interleaved" if e.virtual_stages > 1 else "1f1b" if setup.auto_virtual_stages
+             else setup.schedule.value)
+    sched += (f" (v={e.virtual_stages})" if e.virtual_stages > 1 else "")
+    sched += " (v chosen: fastest that fits)" if setup.auto_virtual_stages else ""
+    gemm = isl.gpu.runs_in(setup.precision)
     limit = (1 - setup.epsilon) * isl.hbm_gb
     m = e.memory
     lines = [
@@ -43,6 +46,8 @@ def _lines(setup: EstimateSetup, e: Estimate) -> list[str]:
         f"({isl.gpus_per_node} per node, {isl.nic_gbits:g} Gb/s per GPU)",
         f"parallel: tp {c.tp}, pp {c.pp}, dp {c.dp}, cp {c.cp}, ep {c.ep}, zero {c.zero}, "
         f"recompute {c.recompute.value}, offload {'yes' if c.offload else 'no'}, schedule {sched}",
+        f"framework {setup.framework.value}, precision {setup.precision.value} "
+        f"(GEMMs in {gemm} on {isl.gpu.name})",
         f"micro-batch {c.micro_batch} sequences per replica, {e.n_micro} micro-batches per iteration"
         + (" (chosen: fastest that fits)" if setup.auto_micro_batch else ""),
         f"iteration time {e.iteration_time_s:.3f} s, {e.tokens_per_s:,.0f} tokens/s, "
@@ -56,4 +61,8 @@ def _lines(setup: EstimateSetup, e: Estimate) -> list[str]:
     for name, seconds in dataclasses.asdict(e.breakdown).items():
         share = seconds / e.iteration_time_s if e.iteration_time_s else 0.0
         lines.append(f"  {name:<10} {seconds:10.3f} s  {share:6.1%}")
+    if e.communication is not None:
+        lines.append("communication per iteration (total -> exposed after overlap):")
+        for name, t in dataclasses.asdict(e.communication).items():
+            lines.append(f"  {name:<10} {t['total_s']:10.3f} s -> {t['exposed_s']:8.3f} s")
     return lines

@@ -234,6 +234,17 @@ def violations(configs, prof: FrameworkProfile, pipelined: bool) -> list[str]:
     return out
 
 
+def interleaving_allowed(prof: FrameworkProfile, meshes: int) -> bool:
+    """Whether a plan of ``meshes`` meshes may use virtual pipeline stages under ``prof``.
+
+    FlagScale asserts that virtual stages are off with heterogeneous meshes; one mesh is plain
+    Megatron-LM (no ``hetero`` block), which interleaves.
+    """
+    if prof.framework is Framework.FLAGSCALE:
+        return meshes == 1
+    return prof.interleaving
+
+
 def _uniformity(configs, prof: FrameworkProfile) -> list[str]:
     """Settings the runtime fixes for the whole job that differ between stages."""
     name, out = prof.framework.value, []

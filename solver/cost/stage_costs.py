@@ -9,8 +9,11 @@ et al., SC'21): layers are split as evenly as possible, extra layers going to mi
 first, then to the first (the embedding is cheap, the LM head is not). The stage's latency is its
 bottleneck sub-stage's; its memory is the most loaded sub-stage's. Sub-stage ``j`` holds
 ``min(in_flight + pp - 1 - j, n_micro)`` micro-batches of activations (``in_flight`` is what the
-last sub-stage holds); GPipe holds all ``n_micro``; the interleaved schedule grows the first
-sub-stage's share by ``1 + (pp - 1) / (pp v)``.
+last sub-stage holds); GPipe holds all ``n_micro``; with the interleaved schedule (``v`` chunks,
+each ``1/v`` of the sub-stage's activations) sub-stage ``j`` of a ``P``-deep pipeline runs
+``2 (P - j - 1) + (v - 1) P`` warm-up forward chunks before its first backward (Megatron's
+schedule), so it holds ``min(2 (P - j - 1) + (v - 1) P + 1, n v) / v`` micro-batches (the
+simulator's peak, chunk for chunk: ``tests/schedule``).
 
 Per iteration (Rajbhandari et al. 2020; the Scaling Book, seeds/004): without ZeRO the fp32
 gradients are all-reduced over the ``dp * cp`` replicas; with ZeRO-1 they are reduce-scattered
@@ -288,11 +291,13 @@ def in_flight_of(pipe: PipelineSetting, pp: np.ndarray, j: np.ndarray) -> np.nda
     """Micro-batches of activations sub-stage ``j`` of ``pp`` holds (see the module docstring)."""
     if pipe.schedule is Schedule.GPIPE:
         return np.broadcast_to(np.asarray(pipe.n_micro, dtype=float), np.shape(pp)).copy()
-    held = np.minimum(pipe.in_flight + pp - 1 - j, pipe.n_micro).astype(float)
     if pipe.schedule is Schedule.INTERLEAVED and pipe.virtual_stages > 1:
-        grow = 1.0 + (pp - 1) / (pp * pipe.virtual_stages)
-        held = np.where(j == 0, held * grow, held)
-    return held
+        v = pipe.virtual_stages
+        depth = pp + pipe.in_flight - 1  # sub-stages of the whole pipeline
+        behind = depth - 1 - j
+        chunks = np.minimum(2 * behind + (v - 1) * depth + 1, pipe.n_micro * v)
+        return np.asarray(chunks, dtype=float) / v
+    return np.minimum(pipe.in_flight + pp - 1 - j, pipe.n_micro).astype(float)
 
 
 def _p2p_factor(pipe: PipelineSetting) -> float:

@@ -29,6 +29,7 @@ from solver.islands import (IslandSet, Thresholds, build_islands, group_island, 
                             whole_cluster)
 from solver.planner.candidates import (CandidateTable, GroupCache, TableSpec, build_stage_table,
                                        granule, group_sizes)
+from solver.planner.interleaved import best_interleaved
 from solver.planner.plan import Plan, SolverInfo, StagePlan
 from solver.planner.pruning import (LinkModel, Rule, balance_window, bound_window, interface_bans,
                                     interface_bans_safe, layer_work_flops, memory_cap,
@@ -177,9 +178,17 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
             proven = proven and (found is None or found.optimal)
             if found is not None and found.result.feasible and found.total < bar:
                 best = (found, r)
-    if best is None:
+    bar = best[0].total * (1 - REL_TIE) if best is not None else math.inf
+    seen = {r.view: r.islands for r in tried}
+    alt = best_interleaved(job, config.features or job.planner.features, ns, par, bar,
+                           [(isl, view) for view, isl in seen.items()])
+    if alt is not None:
+        plan = replace(alt, solver=SolverInfo(f"{(config.solver or job.planner.solver).value}+interleaved", proven,
+                                              time.perf_counter() - start, calls))
+    elif best is None:
         raise InfeasibleError(explain_infeasible(tried))
-    plan = decode(best[1], best[0], time.perf_counter() - start, calls, proven)
+    else:
+        plan = decode(best[1], best[0], time.perf_counter() - start, calls, proven)
     validate(plan, job)
     return plan
 

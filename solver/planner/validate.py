@@ -10,13 +10,13 @@ from __future__ import annotations
 import math
 
 from solver.cost.frameworks import job_runtime
-from solver.cost.frameworks import profile, violations
+from solver.cost.frameworks import interleaving_allowed, profile, violations
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, stage_costs, substage_latencies
 from solver.islands import Thresholds, build_islands, whole_cluster
-from solver.planner.plan import Plan, cycle_time
+from solver.planner.plan import Plan, cycle_time, interleaved_cycle_time
 from solver.planner.pruning import LinkModel
-from solver.spec.domain import Island, JobSpec
+from solver.spec.domain import Island, JobSpec, Schedule
 from solver.spec.errors import InfeasibleError
 
 REL_TOL = 1e-9
@@ -47,6 +47,7 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
     pipelined = len(plan.stages) > 1 or any(s.plan.config.pp > 1 for s in plan.stages)
     out += violations([s.plan.config for s in plan.stages], profile(job.planner.framework),
                       pipelined)
+    out += _interleaving(plan, job)
     for i, s in enumerate(plan.stages):
         out += _config(s, job, n)
         held = min(behind[i] + 1, n)
@@ -54,7 +55,7 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
             out.append(f"stage {i} ({s.island.name}): sized for {s.in_flight} micro-batches in "
                        f"flight, its position holds {held}")
         in_flight = max(s.in_flight, held)
-        subs, extra, mem = _evaluate(s, job, n, in_flight)
+        subs, extra, mem = _evaluate(s, job, n, in_flight, plan.virtual_stages)
         limit = (1 - job.planner.epsilon) * s.island.hbm_gb
         if mem > limit * (1 + REL_TOL):
             out.append(f"stage {i} ({s.island.name}): {mem:.2f} GB per GPU with {in_flight} "
@@ -70,7 +71,10 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
     for i, subs in enumerate(taus):
         flat += list(subs)
         flat_links += [0.0] * (len(subs) - 1) + ([links[i]] if i < len(links) else [])
-    t = cycle_time(flat, flat_links, n, plan.overlap) + max(extras)
+    if plan.virtual_stages > 1:
+        t = interleaved_cycle_time(flat, n, plan.virtual_stages) + max(extras)
+    else:
+        t = cycle_time(flat, flat_links, n, plan.overlap) + max(extras)
     if not math.isclose(t, plan.iteration_time_s, rel_tol=1e-6):
         out.append(f"objective {plan.iteration_time_s} does not match the recomputed {t}")
     return out
@@ -137,10 +141,31 @@ def _config(s, job: JobSpec, n: int) -> list[str]:
     return out
 
 
-def _evaluate(s, job: JobSpec, n: int, in_flight: int) -> tuple[tuple[float, ...], float, float]:
+def _interleaving(plan: Plan, job: JobSpec) -> list[str]:
+    """Megatron's rules for virtual pipeline stages, and the framework's."""
+    v = plan.virtual_stages
+    if v == 1:
+        return []
+    if len(plan.stages) != 1:
+        return [f"interleaving (v = {v}) needs one pipeline of one layout, not "
+                f"{len(plan.stages)} stages"]
+    pp, layers = plan.stages[0].plan.config.pp, job.model.layers
+    out = []
+    if pp < 2 or layers % (pp * v):
+        out.append(f"interleaving needs pp >= 2 and layers ({layers}) divisible by pp·v = {pp}·{v}")
+    if plan.n_micro % pp:
+        out.append(f"interleaving needs n_micro ({plan.n_micro}) divisible by pp ({pp})")
+    if not interleaving_allowed(profile(job.planner.framework), len(plan.stages)):
+        out.append(f"{job.planner.framework.value} does not run virtual pipeline stages")
+    return out
+
+
+def _evaluate(s, job: JobSpec, n: int, in_flight: int, v: int = 1
+              ) -> tuple[tuple[float, ...], float, float]:
     slc = ModelSlice(job.model, s.end - s.start, s.start == 0, s.end == job.model.layers)
     cfg = ConfigArrays.of([s.plan.config])
-    pipe = PipelineSetting(n, in_flight)
+    pipe = PipelineSetting(n, in_flight, Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B,
+                           v)
     costs = stage_costs(slc, s.group, job.training.seq_len, cfg, pipe, runtime=job_runtime(job))
     subs = substage_latencies(slc, s.group, job.training.seq_len, cfg, pipe,
                               runtime=job_runtime(job))[0]

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from solver.planner.plan import Plan, cycle_time
+from solver.planner.plan import Plan, cycle_time, interleaved_cycle_time
 from solver.schedule.simulator import (
     PipelineSpec,
     ScheduleKind,
@@ -27,9 +27,13 @@ from solver.schedule.simulator import (
 )
 
 
-def pipeline_spec(plan: Plan, schedule: ScheduleKind = ScheduleKind.ONE_F_ONE_B,
+def pipeline_spec(plan: Plan, schedule: ScheduleKind | None = None,
                   transfers: TransferMode = TransferMode.ASYNC) -> PipelineSpec:
-    """The plan's pipeline: sub-stages expanded, forward/backward split, links in both ways."""
+    """The plan's pipeline: sub-stages expanded, forward/backward split, links in both ways
+    (``schedule`` None: the plan's own, interleaved with its chunks where it has them)."""
+    v = plan.virtual_stages if schedule in (None, ScheduleKind.INTERLEAVED) else 1
+    if schedule is None:
+        schedule = ScheduleKind.INTERLEAVED if v > 1 else ScheduleKind.ONE_F_ONE_B
     fwd, bwd = [], []
     for s in plan.stages:
         # The cost model reports fwd/bwd of the bottleneck sub-stage only; every sub-stage runs
@@ -38,15 +42,19 @@ def pipeline_spec(plan: Plan, schedule: ScheduleKind = ScheduleKind.ONE_F_ONE_B,
         fwd += [t * share for t in s.plan.stage_latencies]
         bwd += [t * (1.0 - share) for t in s.plan.stage_latencies]
     return PipelineSpec(tuple(fwd), tuple(bwd), tuple(plan.all_links), plan.n_micro, schedule,
-                        transfers)
+                        transfers, virtual_stages=v)
 
 
 def planned_in_flight(plan: Plan) -> list[int]:
     """Micro-batches of activations the planner sized each pipeline (sub-)stage for.
 
-    Sub-stage ``j`` of ``pp`` holds ``min(in_flight + pp − 1 − j, n)`` (``solver.cost.stage_costs``).
+    Sub-stage ``j`` of ``pp`` holds ``min(in_flight + pp − 1 − j, n)`` (``solver.cost.stage_costs``);
+    interleaved, in chunks as the simulator counts them (``2 (P − j − 1) + (v − 1) P + 1``).
     """
-    out = []
+    v, out = plan.virtual_stages, []
+    if v > 1:
+        p = len(plan.taus)
+        return [min(2 * (p - j - 1) + (v - 1) * p + 1, plan.n_micro * v) for j in range(p)]
     for s in plan.stages:
         pp = len(s.plan.stage_latencies)
         out += [min(s.in_flight + pp - 1 - j, plan.n_micro) for j in range(pp)]
@@ -82,15 +90,18 @@ class SimulatedPlan:
         return self.plan.job.training.tokens / self.iteration_time_s
 
 
-def run_simulation(plan: Plan, schedule: ScheduleKind = ScheduleKind.ONE_F_ONE_B,
+def run_simulation(plan: Plan, schedule: ScheduleKind | None = None,
                    transfers: TransferMode = TransferMode.ASYNC) -> SimulatedPlan:
-    """Simulate ``plan`` under ``schedule`` with ``transfers``."""
+    """Simulate ``plan`` under ``schedule`` (None: its own) with ``transfers``."""
     spec = pipeline_spec(plan, schedule, transfers)
     return SimulatedPlan(plan, spec, simulate(spec))
 
 
 def closed_form(spec: PipelineSpec, overlap: bool = False) -> float:
-    """Eq. 5 with links as stages (or eq. 9 with ``overlap``) for the spec's τ's and links."""
+    """Eq. 5 with links as stages (or eq. 9 with ``overlap``) for the spec's τ's and links;
+    the interleaved closed form for an interleaved spec."""
+    if spec.schedule is ScheduleKind.INTERLEAVED:
+        return interleaved_cycle_time(spec.taus, spec.n_micro, spec.virtual_stages)
     return cycle_time(spec.taus, spec.links_s, spec.n_micro, overlap)
 
 
@@ -184,7 +195,7 @@ def simulate_plan(plan: Plan, sim: SimulatedPlan | None = None) -> dict[str, Any
     closed = plan.iteration_time_s
     extra = plan.iteration_extra_s
     out: dict[str, Any] = {
-        "simulated_schedule": ScheduleKind.ONE_F_ONE_B.value,
+        "simulated_schedule": sim.spec.schedule.value,
         "simulated_transfers": TransferMode.ASYNC.value,
         "simulated_iteration_time_s": _r(sim.iteration_time_s),
         "closed_form_iteration_time_s": _r(closed),

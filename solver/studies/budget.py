@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from solver.compose.stage_table import GroupRestrictions
 from solver.compose.table import Budget
 from solver.planner.candidates import TableSpec
+from solver.planner.interleaved import best_interleaved
 from solver.planner.pruning import Rule
 from solver.planner.search import PlanningRun, run_groups, rule_tables, compose
 from solver.studies.pareto import Objective, usd_per_hour, watts
@@ -63,7 +64,19 @@ def fastest_within_budget(run: PlanningRun, limit: float,
         caps = rule_tables(replace(run, config=replace(run.config, rules=Rule.MEMORY)),
                             run_groups(run))[0]
     found = compose(run, TableSpec({}, caps), frozenset(), GroupRestrictions(budget=budget))
-    if found is None or not found.result.feasible:
-        return None
-    order = tuple(dict.fromkeys(s.island for s in found.result.stages))
-    return BudgetResult(found.total, order, found.optimal)
+    best = None
+    if found is not None and found.result.feasible:
+        order = tuple(dict.fromkeys(s.island for s in found.result.stages))
+        best = BudgetResult(found.total, order, found.optimal)
+    # The interleaved family (planner.interleaved) on every island the budget affords alone.
+    rates = island_rates(run, objective)
+    affordable = tuple(i for i in run.islands.islands if rates[i.name] <= limit * (1 + 1e-12))
+    if affordable:
+        bar = best.iteration_time_s if best else float("inf")
+        alt = best_interleaved(run.job, run.config.features or run.job.planner.features,
+                               [run.n_micro], run.cache.parallelizer, bar,
+                               [(replace(run.islands, islands=affordable), run.view)])
+        if alt is not None:
+            best = BudgetResult(alt.iteration_time_s, (alt.stages[0].island.name,),
+                                best.optimal if best else True)
+    return best

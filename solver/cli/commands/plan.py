@@ -124,7 +124,9 @@ def render_plan(plan: Plan) -> str:
     lines += ["", f"iteration time {plan.iteration_time_s:.3f} s "
               f"(pipeline {plan.pipeline_time_s:.3f} s + per-iteration {plan.iteration_extra_s:.3f} s)",
               f"throughput {plan.tokens_per_s:,.0f} tokens/s, bubble ratio {plan.bubble_ratio:.1%}, "
-              f"n_micro {plan.n_micro}",
+              f"n_micro {plan.n_micro}, schedule "
+              + (f"interleaved 1F1B (v = {plan.virtual_stages} model chunks per GPU)"
+                 if plan.virtual_stages > 1 else "1F1B"),
               f"solver {info.name}: {proven}; planned in {info.time_s:.2f} s with "
               f"{info.parallelizer_calls} parallelizer calls"]
     return "\n".join(lines)

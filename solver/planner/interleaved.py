@@ -1,0 +1,129 @@
+"""Interleaved 1F1B plans: one group of one island as one Megatron pipeline with ``v`` chunks.
+
+The node-group DP composes stages with plain 1F1B. The interleaved schedule (Narayanan et al.,
+SC'21, Sec. 2.2: ``v`` model chunks per GPU, fill and drain ``v`` times shorter, ``v`` times as
+many point-to-point transfers, more activations in flight on the early stages) is searched here
+over the family Megatron-LM runs: one group of ``N`` nodes of one island (of the islands view
+or the whole-cluster view) runs all layers as an internal pipeline of ``pp >= 2`` stages with
+one layout, under Megatron's rules — ``layers % (pp v) == 0`` (``--num-layers-per-virtual-
+pipeline-stage``) and ``n_micro % pp == 0``. FlagScale rejects virtual stages with heterogeneous
+meshes, so a multi-mesh plan never interleaves; a one-mesh plan is plain Megatron-LM, which does
+(:func:`~solver.cost.frameworks.interleaving_allowed`).
+
+The family is enumerated exhaustively (every island, node count, ``v`` and configuration the
+parallelizer prices with the interleaved schedule), with one provably safe cut: a group whose
+compute lower bound — the model's FLOPs per iteration at the group's peak — is not below the
+incumbent cannot win. The objective is :func:`~solver.planner.plan.interleaved_cycle_time` plus
+the per-iteration terms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from solver.compose.table import Position
+from solver.cost.frameworks import interleaving_allowed, profile
+from solver.cost.parallelizer import Parallelizer, PartialPlan, PlanContext
+from solver.cost.stage import ModelSlice
+from solver.cost.stage_costs import model_flops_per_token
+from solver.islands import IslandSet, group_island, node_key
+from solver.planner.plan import Plan, SolverInfo, StagePlan, interleaved_cycle_time
+from solver.spec.domain import FeaturePreset, Island, JobSpec, Precision, Schedule
+
+__all__ = ["chunk_counts", "best_interleaved"]
+
+
+def chunk_counts(layers: int) -> list[int]:
+    """``v >= 2`` for which some ``pp >= 2`` has ``layers % (pp v) == 0``."""
+    return [v for v in range(2, layers // 2 + 1) if layers % v == 0 and layers // v >= 2]
+
+
+def compute_floor(job: JobSpec, island: Island, nodes: int) -> float:
+    """Seconds per iteration no plan on ``nodes`` nodes of ``island`` beats: the model's FLOPs
+    at the GPUs' peak (every kernel runs at or below peak). Provably safe."""
+    gpu = island.gpu
+    peak = island.tflops_per_gpu * 1e12 * max(
+        gpu.peak_tflops(job.training.precision), gpu.peak_tflops(Precision.BF16)) \
+        / gpu.peak_tflops(Precision.BF16)
+    gpus = nodes * island.gpus_per_node
+    flops = model_flops_per_token(job.model, job.training.seq_len) * job.training.tokens
+    return flops / (gpus * peak)
+
+
+def _context(job: JobSpec, features: FeaturePreset, n: int, v: int, nodes: int,
+             island: Island) -> PlanContext:
+    return PlanContext(job.training.seq_len, job.training.global_batch // n, n, 1,
+                       job.planner.epsilon, min(job.model.layers // v, nodes * island.gpus_per_node),
+                       features, Schedule.INTERLEAVED, v, job.planner.framework,
+                       job.training.precision)
+
+
+def _best_of(plans: list[PartialPlan], job: JobSpec, n: int, v: int
+             ) -> tuple[float, PartialPlan] | None:
+    """The fastest plan Megatron's interleaving rules accept, with its iteration time."""
+    best = None
+    for p in plans:
+        pp = p.config.pp
+        if pp < 2 or job.model.layers % (pp * v) or n % pp:
+            continue
+        t = interleaved_cycle_time(p.stage_latencies, n, v) + p.iteration_s
+        if best is None or t < best[0]:
+            best = (t, p)
+    return best
+
+
+def best_interleaved(job: JobSpec, features: FeaturePreset, ns: list[int],
+                     parallelizer: Parallelizer, bar: float,
+                     views: list[tuple[IslandSet, str]]) -> Plan | None:
+    """The fastest interleaved plan of the family faster than ``bar`` seconds (None if none).
+
+    ``ns``: micro-batch counts to try; ``views``: the island sets (and view names) the
+    composition searched, whose islands host the candidate pipelines.
+    """
+    if not interleaving_allowed(profile(job.planner.framework), meshes=1):
+        return None
+    best = None
+    for islands, view in views:
+        for island in islands.islands:
+            found = _on_island(job, features, ns, parallelizer, island, bar)
+            if found is not None and found[0] < bar:
+                bar, best = found[0], (found, islands, view, island)
+    return None if best is None else _decode(job, *best)
+
+
+def _on_island(job, features, ns, parallelizer, island, bar):
+    """(time, plan, nodes, n, v) of the fastest interleaved plan on a group of ``island``."""
+    best = None
+    for nodes in range(len(island.nodes), 0, -1):
+        if compute_floor(job, island, nodes) >= bar:
+            break  # fewer nodes only raise the floor
+        group = group_island(island, nodes)
+        for n in ns:
+            for v in chunk_counts(job.model.layers):
+                ctx = _context(job, features, n, v, nodes, island)
+                found = _best_of(parallelizer.plan(ModelSlice.whole(job.model), group, ctx),
+                                 job, n, v)
+                if found is not None and found[0] < bar:
+                    bar, best = found[0], (found[0], found[1], nodes, n, v)
+    return best
+
+
+def _decode(job: JobSpec, found, islands: IslandSet, view: str, island: Island) -> Plan:
+    t, partial, nodes, n, v = found
+    order = sorted(island.nodes, key=node_key)
+    stage = StagePlan(island, 0, job.model.layers, Position.ONLY, 1, partial,
+                      tuple(order[:nodes]))
+    busy = {x.node_id for x in stage.nodes}
+    why = (f"the optimal plan is one interleaved pipeline (v = {v}) on {nodes} of the "
+           f"{len(island.nodes)} nodes of {island.name}")
+    idle = tuple((x.node_id, why if x in island.nodes else
+                  f"island {i.name} is not in the optimal plan (one interleaved pipeline)")
+                 for i in islands.islands for x in sorted(i.nodes, key=node_key)
+                 if x.node_id not in busy)
+    info = SolverInfo("interleaved", True, 0.0, 0)
+    return Plan(job, islands, (stage,), (), n, job.planner.overlap, info, idle, view, v)
+
+
+def with_solver(plan: Plan, solver: SolverInfo) -> Plan:
+    """``plan`` reporting the search that found it (the caller's timing and proof)."""
+    return replace(plan, solver=solver)

@@ -40,11 +40,16 @@ def chunk_counts(layers: int) -> list[int]:
 
 def compute_floor(job: JobSpec, island: Island, nodes: int) -> float:
     """Seconds per iteration no plan on ``nodes`` nodes of ``island`` beats: the model's FLOPs
-    at the GPUs' peak (every kernel runs at or below peak). Provably safe."""
+    at the GPUs' peak times the best fraction any of their kernels reaches (GEMMs run at most
+    at the max-achievable-matmul ceiling, fused attention at its efficiency, and everything
+    else only adds time). Provably safe."""
+    prec = job.training.precision
     gpu = island.gpu
-    peak = island.tflops_per_gpu * 1e12 * max(
-        gpu.peak_tflops(job.training.precision), gpu.peak_tflops(Precision.BF16)) \
+    scale = max(gpu.peak_tflops(prec), gpu.peak_tflops(Precision.BF16)) \
         / gpu.peak_tflops(Precision.BF16)
+    best_eff = max(max(n.gpu.gemm_ceiling(prec), n.gpu.gemm_eff, n.gpu.attention_eff)
+                   for n in island.nodes)
+    peak = island.tflops_per_gpu * 1e12 * scale * min(best_eff, 1.0)
     gpus = nodes * island.gpus_per_node
     flops = model_flops_per_token(job.model, job.training.seq_len) * job.training.tokens
     return flops / (gpus * peak)

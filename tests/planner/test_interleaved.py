@@ -89,3 +89,10 @@ def test_heterogeneous_multi_stage_plans_never_interleave():
     assert len(plan.stages) == 1 or plan.virtual_stages == 1
     two = replace(plan, virtual_stages=2)
     assert any("one pipeline of one layout" in p for p in problems(two, job))
+
+
+def test_compute_floor_is_below_every_interleaved_plan(homog):
+    job, plan = homog
+    from solver.planner.interleaved import compute_floor
+    stage = plan.stages[0]
+    assert compute_floor(job, stage.island, len(stage.nodes)) < plan.iteration_time_s

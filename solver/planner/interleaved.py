@@ -57,10 +57,11 @@ def compute_floor(job: JobSpec, island: Island, nodes: int) -> float:
 
 def _context(job: JobSpec, features: FeaturePreset, n: int, v: int, nodes: int,
              island: Island) -> PlanContext:
+    # max_pp does not depend on the group (the parallelizer caps pp by the GPUs), so a group
+    # of a given size shares its cache entries across clusters (replan).
     return PlanContext(job.training.seq_len, job.training.global_batch // n, n, 1,
-                       job.planner.epsilon, min(job.model.layers // v, nodes * island.gpus_per_node),
-                       features, Schedule.INTERLEAVED, v, job.planner.framework,
-                       job.training.precision)
+                       job.planner.epsilon, job.model.layers // v, features,
+                       Schedule.INTERLEAVED, v, job.planner.framework, job.training.precision)
 
 
 def _best_of(plans: list[PartialPlan], job: JobSpec, n: int, v: int

@@ -186,7 +186,9 @@ def _fresh(job, config):
 
 def test_failing_one_node_replans_only_that_island(tmp_path):
     # Rules 1 and 3 only. A stage is a group of nodes planned at its island's figures, so after
-    # a failure every group the smaller island can form was already planned: no new call.
+    # a failure every group the smaller island can form was already planned: no new call for
+    # the node-group composition. The interleaved family is cut by the incumbent, which moves
+    # with the cluster: it may ask for groups the old plan's cut skipped, and only those.
     job = load_job(write_job(tmp_path, BASE))
     old_plan, old_calls = _fresh(job, LOCAL)
     store = MemoryStore()
@@ -196,8 +198,9 @@ def test_failing_one_node_replans_only_that_island(tmp_path):
     fresh, calls = _fresh(load_job(write_job(tmp_path, [BASE[0], ("A100-SXM-80GB", 1, "a100")],
                                              "changed.toml")), LOCAL)
     expected = {k for _, k in calls} - {k for _, k in old_calls}
-    assert r.parallelizer_calls == len(expected) == 0
-    assert r.cache_hits == len(calls)
+    assert r.parallelizer_calls == len(expected)
+    assert all('"schedule":"interleaved"' in k for k in expected)
+    assert r.cache_hits == len(calls) - len(expected)
     assert r.plan.iteration_time_s == fresh.iteration_time_s
     assert stages_of(r.plan) == stages_of(fresh)
     assert [n.node_id for n in r.plan.islands.islands[1].nodes] == ["a100-0"]

@@ -16,8 +16,8 @@ from solver.spec.errors import InfeasibleError, InputError
 
 # Subcommand modules live in ``solver.cli.commands``; each exposes ``register(subparsers)``, which adds
 # its parser and sets ``func``. The listing order below is the order of ``tangram --help``.
-FIRST = ("islands", "estimate", "compose", "plan", "verify", "sweep", "bench", "gen", "replan",
-         "pareto", "sweep_islands")
+FIRST = ("islands", "estimate", "compose", "plan", "export", "verify", "sweep", "bench", "gen",
+         "replan", "pareto", "sweep_islands")
 
 
 def command_modules() -> list[str]:

@@ -28,7 +28,7 @@ from solver.planner.plan import Plan, SolverInfo, StagePlan
 from solver.planner.plancache import CachingParallelizer
 from solver.planner.search import PlannerConfig
 from solver.planner.validate import link_model, validate
-from solver.spec.domain import ClusterSpec, GPUSpec, Island, JobSpec, Node, Recompute
+from solver.spec.domain import ClusterSpec, GPUSpec, Island, JobSpec, Node, Recompute, Schedule
 from solver.spec.errors import InfeasibleError, InputError
 from solver.spec.fields import Fields
 from solver.spec.loaders import load_cluster
@@ -120,12 +120,14 @@ def load_added_nodes(path: Path | str, catalog: dict[str, GPUSpec] | None = None
 
 
 def _stage_plan(job: JobSpec, island: Island, start: int, end: int, config: StageConfig,
-                n_micro: int, in_flight: int, nodes: tuple[Node, ...] = ()) -> StagePlan:
+                n_micro: int, in_flight: int, nodes: tuple[Node, ...] = (), v: int = 1
+                ) -> StagePlan:
     """A stage re-evaluated with the cost model (what the planner would have stored)."""
     layers = job.model.layers
     slc = ModelSlice(job.model, end - start, start == 0, end == layers)
     cfg = ConfigArrays.of([config])
-    pipe = PipelineSetting(n_micro, in_flight)
+    pipe = PipelineSetting(n_micro, in_flight,
+                           Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B, v)
     group = group_island(island, len(nodes)) if nodes else island
     costs = stage_costs(slc, group, job.training.seq_len, cfg, pipe, runtime=job_runtime(job))
     subs = substage_latencies(slc, group, job.training.seq_len, cfg, pipe,
@@ -186,12 +188,13 @@ def previous_plan(payload: Any, job: JobSpec, source: str) -> Plan:
     n = objective.get("n_micro", int, lo=1, hi=job.training.global_batch)
     objective.check("n_micro", job.training.global_batch % n == 0,
                     f"{n} does not divide the job's global batch {job.training.global_batch}")
-    stages = _stages(f, job, by_name, n)
+    v = f.get("virtual_stages", int, 1, lo=1, hi=job.model.layers)
+    stages = _stages(f, job, by_name, n, v)
     lm = link_model(job, job.training.global_batch // n)
     links = tuple(lm.rate(a.island, b.island) / min(a.gpus, b.gpus)
                   for a, b in zip(stages, stages[1:]))
     plan = Plan(job, isl, stages, links, n, job.planner.overlap,
-                SolverInfo("previous", False, 0.0, 0), view=view)
+                SolverInfo("previous", False, 0.0, 0), view=view, virtual_stages=v)
     try:
         validate(plan, job)
     except InfeasibleError as exc:
@@ -204,7 +207,8 @@ def previous_plan(payload: Any, job: JobSpec, source: str) -> Plan:
     return plan
 
 
-def _stages(f: Fields, job: JobSpec, islands: dict[str, Island], n: int) -> tuple[StagePlan, ...]:
+def _stages(f: Fields, job: JobSpec, islands: dict[str, Island], n: int, v: int = 1
+            ) -> tuple[StagePlan, ...]:
     raw = f.get("stages", list)
     f.check("stages", bool(raw), "the plan has no stages")
     micro = job.training.global_batch // n
@@ -220,7 +224,7 @@ def _stages(f: Fields, job: JobSpec, islands: dict[str, Island], n: int) -> tupl
         nodes = _stage_nodes(g, islands[name])
         config = _stage_config(g, micro)
         out.append(_stage_plan(job, islands[name], layers[0], layers[1], config, n,
-                               min(len(raw) - i, n), nodes))
+                               min(len(raw) - i, n), nodes, v))
     return tuple(out)
 
 

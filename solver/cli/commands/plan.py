@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--simulate", action="store_true",
                    help="also simulate the 1F1B schedule and report its iteration time")
     p.add_argument("--plot", metavar="FILE", help="write a Gantt chart of the schedule (PNG)")
+    p.add_argument("--emit", choices=("flagscale", "megatron"),
+                   help="print the plan as FlagScale YAML or Megatron-LM arguments instead")
+    p.add_argument("-o", "--output", metavar="FILE", help="with --emit: write to FILE")
     p.set_defaults(func=run)
 
 
@@ -57,6 +60,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
 def run(args: argparse.Namespace) -> int:
     """Print the plan."""
     plan = make_plan(args)
+    if args.emit:
+        from solver.cli.commands.export import emit
+        return emit(plan, args.emit, args.output)
     extra = {}
     if args.simulate or args.plot:
         from solver.schedule.report import run_simulation, simulate_plan

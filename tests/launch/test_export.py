@@ -1,0 +1,102 @@
+"""Exports: FlagScale YAML and Megatron-LM arguments, checked against the plan."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from solver.cli.main import main
+from solver.launch import NotExpressible, flagscale_config, megatron_args, meshes
+from solver.planner.search import plan_job
+from solver.spec.loaders import INSTANCES, load_job
+
+SEED = INSTANCES / "jobs" / "seed-llama3-70b.toml"
+HOMOG = INSTANCES / "jobs" / "homog-a100-llama2-13b.toml"
+
+
+@pytest.fixture(scope="module")
+def seed():
+    job = load_job(SEED)
+    return job, plan_job(job)
+
+
+def test_flagscale_yaml_parses_and_matches_the_plan(seed, capsys):
+    job, plan = seed
+    assert main(["plan", str(SEED), "--emit", "flagscale"]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    system, model = doc["system"], doc["model"]
+    het = system["hetero"]
+    assert het["enable_hetero"] is True
+    flat = het["hetero_process_meshes"]
+    assert len(flat) % 5 == 0
+    mesh = [flat[i:i + 5] for i in range(0, len(flat), 5)]  # [tp, cp, ep, dp, pp]
+    assert len(het["hetero_device_types"]) == len(mesh)
+    # Meshes x GPUs: every stage's GPUs, in pipeline order, and nothing else.
+    assert sum(tp * cp * dp * pp for tp, cp, ep, dp, pp in mesh) == sum(s.gpus for s in plan.stages)
+    assert system["pipeline_model_parallel_size"] == sum(m[4] for m in mesh) == len(
+        het["hetero_pipeline_layer_split"])
+    assert het["hetero_pipeline_layer_split"] == [s.end - s.start for s in plan.stages]
+    assert sum(het["hetero_pipeline_layer_split"]) == model["num_layers"] == job.model.layers
+    assert het["hetero_device_types"] == [m.device for m in meshes(plan)]
+    # FlagScale's batch rule: mesh i gets dp_0 * mbs / dp_i per rank, the same micro-batch count.
+    micro = job.training.global_batch // plan.n_micro
+    assert model["micro_batch_size"] * mesh[0][3] == micro
+    assert all((mesh[0][3] * model["micro_batch_size"]) % m[3] == 0 for m in mesh)
+    assert model["global_batch_size"] == job.training.global_batch
+    assert system["context_parallel_size"] == 1 and all(m[1] == 1 for m in mesh)
+
+
+def test_megatron_refuses_different_layouts_in_one_line(seed, capsys):
+    job, plan = seed
+    assert len({(s.plan.config.tp, s.plan.config.dp) for s in plan.stages}) > 1
+    assert main(["plan", str(SEED), "--emit", "megatron"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "layouts differ" in err and "flagscale" in err
+    with pytest.raises(NotExpressible):
+        megatron_args(plan)
+
+
+def test_megatron_args_for_a_one_layout_plan(tmp_path, capsys):
+    job = load_job(HOMOG)
+    plan = plan_job(job)
+    assert main(["plan", str(HOMOG), "--json"]) == 0
+    path = tmp_path / "plan.json"
+    path.write_text(capsys.readouterr().out)
+    out = tmp_path / "args.txt"
+    assert main(["export", str(path), "--job", str(HOMOG), "--to", "megatron", "-o",
+                 str(out)]) == 0
+    flags = dict(line.rstrip(" \\").partition(" ")[::2] for line in out.read_text().splitlines())
+    c = plan.stages[0].plan.config
+    assert flags["--tensor-model-parallel-size"] == str(c.tp)
+    assert flags["--pipeline-model-parallel-size"] == str(c.pp)
+    assert int(flags["--micro-batch-size"]) * c.dp * plan.n_micro == job.training.global_batch
+    assert flags["--global-batch-size"] == str(job.training.global_batch)
+    if plan.virtual_stages > 1:
+        per_chunk = job.model.layers // (c.pp * plan.virtual_stages)
+        assert flags["--num-layers-per-virtual-pipeline-stage"] == str(per_chunk)
+    assert "--sequence-parallel" in flags and "--bf16" in flags
+    assert flags["--num-layers"] == str(job.model.layers)
+
+
+def test_export_equals_emit_and_revalidates(seed, tmp_path, capsys):
+    assert main(["plan", str(SEED), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(payload))
+    assert main(["export", str(path), "--job", str(SEED), "--to", "flagscale"]) == 0
+    exported = capsys.readouterr().out
+    assert main(["plan", str(SEED), "--emit", "flagscale"]) == 0
+    assert exported == capsys.readouterr().out
+    payload["stages"][0]["tp"] = 3  # a plan that is not the job's any more
+    path.write_text(json.dumps(payload))
+    assert main(["export", str(path), "--job", str(SEED), "--to", "flagscale"]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_flagscale_refuses_what_hetero_mode_cannot_run(seed):
+    from dataclasses import replace
+    job, plan = seed
+    with pytest.raises(NotExpressible, match="virtual pipeline"):
+        flagscale_config(replace(plan, virtual_stages=2))

@@ -96,6 +96,12 @@ class Calibration:
     optimizer_bytes : float
         HBM bytes an Adam step touches per parameter it updates: read the fp32 gradient (4),
         read and write fp32 master weight, m and v (24), write the bf16 weight (2).
+    moe_capacity_factor : float
+        Tokens the busiest expert rank receives relative to a perfectly balanced router: the
+        expert GEMMs, the all-to-all and the dispatched-token activations of a rank are sized
+        for it (the step waits for the busiest rank). Chosen, not fitted: 1.25, the Switch
+        Transformer's default capacity factor (Fedus et al., JMLR 2022, Sec. 2.2), an upper
+        bound of the load a capacity-limited router admits.
     """
 
     gemm_half_balance: float = 4.5
@@ -111,6 +117,7 @@ class Calibration:
     offload_resident: float = 1.0
     host_offload_gb: float = 128.0
     optimizer_bytes: float = 30.0
+    moe_capacity_factor: float = 1.25
 
 
 DEFAULT_CALIBRATION = Calibration()
@@ -199,6 +206,23 @@ class Links:
         across = np.minimum(self.intra_bw, rails * self.inter_bw)
         return (np.where(inside, self.intra_bw, across),
                 np.where(inside, self.intra_lat, self.inter_lat))
+
+    def all_to_all(self, bytes_: np.ndarray, stride: np.ndarray, group: np.ndarray
+                   ) -> np.ndarray:
+        """Seconds of one all-to-all in which each of ``group`` ranks, placed ``stride`` apart,
+        sends ``bytes_`` split evenly over the group (its own share stays).
+
+        The ``k = gpus_per_node / stride`` members sharing a node (at most ``group``) exchange
+        ``(k - 1) / group`` of the data over NVLink while ``(group - k) / group`` leaves over
+        each GPU's own NIC; the two run at once, so the slower decides, plus one step latency
+        per peer.
+        """
+        stride, group = np.asarray(stride), np.asarray(group, dtype=float)
+        k = np.clip(self.gpus_per_node // np.maximum(stride, 1), 1, np.maximum(group, 1))
+        intra = (k - 1) / group * bytes_ / self.intra_bw
+        inter = (group - k) / group * bytes_ / self.inter_bw
+        lat = np.where(group > k, self.inter_lat, self.intra_lat) * (group - 1)
+        return np.where(group > 1, np.maximum(intra, inter) + lat, 0.0)
 
     def select(self, span: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Bandwidth and step latency for groups spanning ``span`` consecutive ranks."""

@@ -65,7 +65,8 @@ def _mlp_intermediate_bytes(model: ModelSpec, width: int) -> float:
 
 
 def activation_bytes_per_token(model: ModelSpec, seq_len: int, recompute: Recompute,
-                               flash: bool = True, dropout: bool = False) -> float:
+                               flash: bool = True, dropout: bool = False,
+                               capacity: float = 1.0) -> float:
     """Activation bytes one layer stores per token for its backward pass (no parallelism).
 
     Korthikanti et al. (2022), Sec. 4.1, recounted. Attention: norm input 2h, QKV input 2h, Q 2q,
@@ -90,7 +91,9 @@ def activation_bytes_per_token(model: ModelSpec, seq_len: int, recompute: Recomp
     softmax_stats = 4.0 * a if flash else 0.0
     attention = 2 * h + 2 * h + 2 * q + 4 * kv + 2 * q + scores + softmax_stats
     if model.is_moe:
-        routed = model.top_k * (4.0 * h + _mlp_intermediate_bytes(model, model.expert_ffn))
+        # The busiest rank holds ``capacity`` times the balanced share of routed tokens.
+        routed = capacity * model.top_k * (4.0 * h
+                                           + _mlp_intermediate_bytes(model, model.expert_ffn))
         shared = model.shared_experts * _mlp_intermediate_bytes(model, model.expert_ffn)
         mlp = 2 * h + 2 * h + 4.0 * model.experts + routed + shared
     else:
@@ -99,9 +102,10 @@ def activation_bytes_per_token(model: ModelSpec, seq_len: int, recompute: Recomp
     return attention + mlp + masks
 
 
-def stored_bytes_per_token(model: ModelSpec, seq_len: int, flash: bool = True) -> np.ndarray:
+def stored_bytes_per_token(model: ModelSpec, seq_len: int, flash: bool = True,
+                           capacity: float = 1.0) -> np.ndarray:
     """:func:`activation_bytes_per_token` for each recompute code (index: RECOMPUTE_CODES)."""
-    return np.array([activation_bytes_per_token(model, seq_len, r, flash)
+    return np.array([activation_bytes_per_token(model, seq_len, r, flash, capacity=capacity)
                      for r in RECOMPUTE_CODES])
 
 
@@ -184,7 +188,8 @@ def model_state_bytes(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, e
 
 def activation_bytes(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: np.ndarray,
                      head: np.ndarray, in_flight: np.ndarray, resident: float,
-                     flash: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                     flash: bool = True, capacity: float = 1.0
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """Activation bytes per GPU in HBM and in host memory (offload).
 
     HBM: in-flight micro-batches x stored layers, plus working sets.
@@ -196,7 +201,7 @@ def activation_bytes(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: 
     one micro-batch of fp32 logits (``s b V 4 / tp``).
     """
     tokens = cfg.micro_batch * seq_len / cfg.cp / cfg.tp
-    per_token = stored_bytes_per_token(model, seq_len, flash)
+    per_token = stored_bytes_per_token(model, seq_len, flash, capacity)
     held = np.where(cfg.offload, np.minimum(in_flight, resident), in_flight)
     per_micro = per_token[cfg.recompute] * layers * tokens
     working = np.where(cfg.recompute == 2, per_token[0] * tokens, 0.0)
@@ -207,12 +212,13 @@ def activation_bytes(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: 
 def substage_memory(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: np.ndarray,
                     emb: np.ndarray, head: np.ndarray, in_flight: np.ndarray,
                     resident: float, flash: bool = True, zero3_per_module: bool = False,
-                    fp8: bool = False) -> MemoryArrays:
+                    fp8: bool = False, capacity: float = 1.0) -> MemoryArrays:
     """Memory per GPU of a sub-stage with ``layers`` layers holding ``in_flight`` micro-batches
     (``flash``: FlashAttention, no stored scores; the last two as in :func:`model_state_bytes`).
     Activations are counted in 16 bits also with FP8 GEMMs (conservative: Transformer Engine
     may keep some GEMM inputs in FP8)."""
     weights, grads, optim = model_state_bytes(model, cfg, layers, emb, head, zero3_per_module,
                                               fp8)
-    acts, host = activation_bytes(model, seq_len, cfg, layers, head, in_flight, resident, flash)
+    acts, host = activation_bytes(model, seq_len, cfg, layers, head, in_flight, resident, flash,
+                                  capacity)
     return MemoryArrays(weights, grads, optim, acts, host)

@@ -248,7 +248,8 @@ def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
     z_fwd, z_bwd, dp_s, optimizer = _zero_and_sync(ti, cfg, layers, emb, head, fwd.compute,
                                                    bwd_work)
     flash = ti.attention_eff is not None
-    stored = (stored_bytes_per_token(ti.model, ti.seq_len, flash)[cfg.recompute] * layers
+    cf = ti.calib.moe_capacity_factor
+    stored = (stored_bytes_per_token(ti.model, ti.seq_len, flash, cf)[cfg.recompute] * layers
               * tokens_per_gpu(cfg, ti.seq_len) / cfg.tp)
     copy = np.where(cfg.offload, stored / ti.links.pcie_bw, 0.0)
     hidden = 1.0 if ti.overlap else 0.0  # copy engines run beside the compute of the pass
@@ -258,7 +259,7 @@ def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
                      np.maximum(copy - hidden * bwd_work, 0.0), p2p)
     per_module = ti.profile.framework is Framework.DEEPSPEED
     memory = substage_memory(ti.model, ti.seq_len, cfg, layers, emb, head, in_flight,
-                             ti.calib.offload_resident, flash, per_module, fp8)
+                             ti.calib.offload_resident, flash, per_module, fp8, cf)
     return SubStageCosts(fwd, bwd, memory, dp_s, optimizer)
 
 
@@ -386,7 +387,8 @@ def in_flight_capacity(slc: ModelSlice, island: Island, seq_len: int, cfg: Confi
     two = substage_memory(slc.model, seq_len, cfg, np.asarray(slc.layers),
                           np.asarray(slc.has_embedding), np.asarray(slc.has_head), np.asarray(2.0),
                           calib.offload_resident, ti.attention_eff is not None,
-                          runtime.framework is Framework.DEEPSPEED, _fp8(island, runtime))
+                          runtime.framework is Framework.DEEPSPEED, _fp8(island, runtime),
+                          calib.moe_capacity_factor)
     hbm_limit = (1.0 - epsilon) * island.hbm_gb * 1e9
     host_limit = calib.host_offload_gb * 1e9
     out = np.full(np.shape(costs.memory.total), float(n_micro))

@@ -14,8 +14,10 @@ Communication (the Scaling Book chapter, seeds/004; Korthikanti et al. 2022 for 
 parallelism): per layer and pass (forward, and again backward), TP with SP does 2 all-gathers +
 2 reduce-scatters of the ``n h 2``-byte activation (``n = b s / cp`` tokens per GPU); CP passes
 K/V around a ring (``cp - 1`` chunks per pass, overlapped with the attention core, twice in
-backward for dK/dV); EP dispatches and combines ``n k h 2 / tp`` bytes per GPU with two
-all-to-alls per pass. Full recomputation repeats the forward (compute and its collectives)
+backward for dK/dV); EP dispatches and combines ``n k h 2 / tp`` bytes per GPU (times the
+capacity factor: the busiest rank) with two all-to-alls per pass, split into the NVLink part
+among the EP ranks of one node and the network part (:meth:`~solver.cost.efficiency.Links.
+all_to_all`); the busiest rank's expert GEMMs see the capacity factor too. Full recomputation repeats the forward (compute and its collectives)
 inside the backward pass; selective recomputation repeats the attention core (and the CP ring).
 
 TP overlap is the framework's (``solver.cost.frameworks``). Megatron-Core's
@@ -166,7 +168,8 @@ def _layer_gemm_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray) -> np.ndar
     if not m.is_moe:
         return t + mlp(n, m.ffn, 1.0)
     t = t + g(2 * n * h * m.experts / tp, n / tp, m.experts, h)
-    per_expert = n * m.top_k * cfg.ep / m.experts
+    # The busiest rank's experts see capacity_factor times the balanced load.
+    per_expert = n * m.top_k * cfg.ep / m.experts * ti.calib.moe_capacity_factor
     t = t + mlp(per_expert, m.expert_ffn, m.experts / cfg.ep)
     if m.shared_experts:
         t = t + mlp(n, m.shared_experts * m.expert_ffn, 1.0)
@@ -207,9 +210,9 @@ def _layer_comm(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray
     bw, lat = links.select(cfg.tp * cfg.cp)
     cp = ring_time(cfg.cp * 2 * n * kv_rank * 2.0, cfg.cp, bw, lat)
     ep = np.zeros_like(tp)
-    if m.is_moe:
-        bw, lat = links.select(cfg.tp * cfg.ep)
-        ep = 2 * ring_time(n * m.top_k * m.hidden * 2.0 / cfg.tp, cfg.ep, bw, lat)
+    if m.is_moe:  # dispatch and combine; EP ranks sit tp apart (tp-cp-ep-dp order)
+        sent = n * m.top_k * m.hidden * 2.0 / cfg.tp * ti.calib.moe_capacity_factor
+        ep = 2 * links.all_to_all(sent, cfg.tp * cfg.cp, cfg.ep)
     return tp, cp, ep
 
 

@@ -146,6 +146,37 @@ def test_data_parallel_rails_by_hand(a100):
     assert bw[0] == pytest.approx(links.intra_bw)
 
 
+def test_expert_all_to_all_by_hand(a100):
+    # 2 nodes of 8, tp 1, ep 16: each GPU keeps 1/16, sends 7/16 over NVLink and 8/16 over its
+    # NIC at the same time; the NIC part (25 GB/s x 0.85) is slower. ep 8 inside a node: NVLink.
+    island = Island.homogeneous("a", a100.gpu, 16)
+    links = Links.of(island, CALIB)
+    one_gb = np.array(1e9)
+    t = links.all_to_all(one_gb, np.array([1]), np.array([16]))
+    assert t == pytest.approx(8 / 16 * 1e9 / (25e9 * CALIB.nic_eff) + 15 * CALIB.nic_latency_s)
+    t = links.all_to_all(one_gb, np.array([1]), np.array([8]))
+    assert t == pytest.approx(7 / 8 * 1e9 / links.intra_bw + 7 * CALIB.nvlink_latency_s)
+    assert links.all_to_all(one_gb, np.array([1]), np.array([1])) == 0
+
+
+def test_capacity_factor_slows_and_grows_only_the_moe_parts(catalog):
+    island = Island.homogeneous("h", catalog["H100-SXM-80GB"], 32)
+    cfg = [StageConfig(tp=2, dp=16, ep=8, micro_batch=1)]
+    slc = ModelSlice(MOE, 2)
+    flat = dataclasses.replace(CALIB, moe_capacity_factor=1.0)
+    skew = dataclasses.replace(CALIB, moe_capacity_factor=1.5)
+    a, b = costs_of(slc, island, cfg, calib=flat), costs_of(slc, island, cfg, calib=skew)
+    # tp 2: 4 EP ranks per node, so the group of 8 spans two nodes; 2 layers x (dispatch +
+    # combine) x 7 peers of step latency, the rest scales with the routed bytes.
+    lat = 2 * 2 * 7 * CALIB.nic_latency_s
+    assert b.fwd.ep[0] - lat == pytest.approx(1.5 * (a.fwd.ep[0] - lat))
+    assert b.fwd.compute[0] > a.fwd.compute[0] and b.memory.activations[0] > a.memory.activations[0]
+    dense = ModelSlice(LLAMA2_13B, 2)
+    assert costs_of(dense, island, [StageConfig(tp=2, dp=16, micro_batch=1)], calib=skew
+                    ).latency_s[0] == costs_of(dense, island, [StageConfig(tp=2, dp=16,
+                                                micro_batch=1)], calib=flat).latency_s[0]
+
+
 def test_backward_is_twice_forward_and_full_recompute_adds_a_forward(a100):
     cfgs = [StageConfig(tp=1, micro_batch=1), StageConfig(tp=1, micro_batch=1,
                                                           recompute=Recompute.FULL)]

@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 
 from solver.cost.frameworks import job_runtime
+from solver.cost.efficiency import DEFAULT_CALIBRATION
 from solver.cost.frameworks import interleaving_allowed, profile, violations
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, stage_costs, substage_latencies
 from solver.islands import Thresholds, build_islands, whole_cluster
+from solver.planner.memory_check import plan_memory_gb
 from solver.planner.plan import Plan, cycle_time, interleaved_cycle_time
 from solver.planner.pruning import LinkModel
 from solver.spec.domain import Island, JobSpec, Schedule
@@ -48,6 +50,8 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
     out += violations([s.plan.config for s in plan.stages], profile(job.planner.framework),
                       pipelined)
     out += _interleaving(plan, job)
+    independent = plan_memory_gb(plan, DEFAULT_CALIBRATION.moe_capacity_factor,
+                                 [_flash(s, job) for s in plan.stages])
     for i, s in enumerate(plan.stages):
         out += _config(s, job, n)
         held = min(behind[i] + 1, n)
@@ -57,7 +61,11 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
         in_flight = max(s.in_flight, held)
         subs, extra, mem = _evaluate(s, job, n, in_flight, plan.virtual_stages)
         limit = (1 - job.planner.epsilon) * s.island.hbm_gb
-        if mem > limit * (1 + REL_TOL):
+        if independent[i] > limit * (1 + REL_TOL):
+            out.append(f"stage {i} ({s.island.name}): {independent[i]:.2f} GB per GPU at its "
+                       f"position's micro-batches in flight (independent count) exceeds "
+                       f"(1 - ε)·HBM = {limit:.2f} GB")
+        elif mem > limit * (1 + REL_TOL):
             out.append(f"stage {i} ({s.island.name}): {mem:.2f} GB per GPU with {in_flight} "
                        f"micro-batches in flight exceeds (1 - ε)·HBM = {limit:.2f} GB")
         if len(subs) != len(s.plan.stage_latencies) or not all(
@@ -139,6 +147,12 @@ def _config(s, job: JobSpec, n: int) -> list[str]:
     if job.training.seq_len % c.cp:
         out.append(f"{name}: cp {c.cp} does not divide the sequence")
     return out
+
+
+def _flash(s, job: JobSpec) -> bool:
+    """The stage runs fused attention (its framework and every GPU of its island have it)."""
+    return not profile(job.planner.framework).unfused_attention and all(
+        x.gpu.attention != "unfused" for x in s.island.nodes)
 
 
 def _interleaving(plan: Plan, job: JobSpec) -> list[str]:

@@ -1,0 +1,135 @@
+"""Per-GPU memory of a plan's stages, recomputed independently of the cost model.
+
+The validator's memory check. Scalar, closed-form arithmetic written apart from the vectorized
+model (:mod:`solver.cost.memory`), sharing no function with it: parameters are counted from the
+model's shapes here, and the in-flight count of every pipeline (sub-)stage comes from its global
+position. ``tests/planner/test_memory_check.py`` holds the two equal on random configurations,
+so a bug planted in either shows up as a disagreement, and a bug in the model cannot pass a plan
+that does not fit.
+
+Per GPU, in bytes (Megatron-LM's mixed-precision layout; Rajbhandari et al. 2020 for ZeRO;
+Korthikanti et al. 2022 for activations, recounted for GQA, gated MLPs, MoE, FlashAttention):
+
+* weights 2, fp32 gradients 4, fp32 Adam master weights and moments 12 per parameter; ZeRO-1/2/3
+  divide optimizer / gradients / weights by the ``dp·cp`` replicas (experts: ``dp·cp/ep``);
+  ZeRO-3 adds its gathered buffer (two layers, or two of the largest matrices for DeepSpeed);
+  FP8 adds Transformer Engine's FP8 copy and transpose (2 per held weight);
+* activations: per token of a layer, full recomputation keeps the input ``2h``; otherwise
+  attention ``4h + 4q + 4kv`` plus FlashAttention's ``4a`` (or unfused scores ``2as`` without
+  recomputation), MLP ``4h`` plus ``6f`` (gated) or ``4f``, MoE ``4h + 4E`` plus the routed
+  copies ``cf·k·(4h + 6f_e)`` and shared experts; tokens per GPU ``b s / (cp tp)``; times the
+  micro-batches in flight (1F1B: ``min(P − j, n)`` at sub-stage ``j`` of ``P``; interleaved:
+  ``min(2(P − j − 1) + (v − 1)P + 1, n v) / v``); one recomputed layer's working set under full
+  recomputation; offload keeps one micro-batch in HBM; the head stage adds ``4h`` per token per
+  micro-batch held and one micro-batch of fp32 logits.
+"""
+
+from __future__ import annotations
+
+from solver.spec.domain import Framework, ModelSpec, Precision, Recompute
+
+_W, _G, _O, _FP8 = 2.0, 4.0, 12.0, 2.0
+
+
+def layer_counts(layers: int, pp: int) -> list[int]:
+    """Layers of each internal sub-stage: even, the remainder to the middle ones, then the first."""
+    base, rem = divmod(layers, pp)
+    counts = [base] * pp
+    for j in range(1, pp - 1):
+        if rem == 0:
+            break
+        counts[j] += 1
+        rem -= 1
+    counts[0] += rem
+    return counts
+
+
+def held_micro_batches(j: int, depth: int, n: int, v: int) -> float:
+    """Micro-batches of activations sub-stage ``j`` of a ``depth``-deep pipeline holds."""
+    if v > 1:
+        return min(2 * (depth - j - 1) + (v - 1) * depth + 1, n * v) / v
+    return float(min(depth - j, n))
+
+
+def _params(m: ModelSpec) -> tuple[float, float, float]:
+    """(dense, expert, largest matrix) weights of one layer, from the shapes."""
+    h, d = m.hidden, m.head_dim or m.hidden // m.heads
+    q, kv = m.heads * d, m.kv_heads * d
+    mats = 3 if m.gated_mlp else 2
+    attention = 2 * h * q + 2 * h * kv
+    if m.is_moe:
+        dense = attention + 2 * h + h * m.experts + m.shared_experts * mats * h * m.expert_ffn
+        expert = m.experts * mats * h * m.expert_ffn
+    else:
+        dense, expert = attention + 2 * h + mats * h * m.ffn, 0
+    width = max(m.ffn, m.expert_ffn if m.is_moe else 0)
+    largest = max(h * (q + 2 * kv), q * h, (mats - 1) * h * width, width * h)
+    return float(dense), float(expert), float(largest)
+
+
+def _per_token(m: ModelSpec, seq: int, rc: Recompute, flash: bool, cf: float) -> float:
+    h = m.hidden
+    if rc is Recompute.FULL:
+        return 2.0 * h
+    d = m.head_dim or h // m.heads
+    q, kv = m.heads * d, m.kv_heads * d
+    attn = 4 * h + 4 * q + 4 * kv + (4 * m.heads if flash else 0)
+    if not flash and rc is Recompute.NONE:
+        attn += 2 * m.heads * seq
+    inter = 6 if m.gated_mlp else 4
+    if m.is_moe:
+        mlp = 4 * h + 4 * m.experts + cf * m.top_k * (4 * h + inter * m.expert_ffn) \
+            + m.shared_experts * inter * m.expert_ffn
+    else:
+        mlp = 4 * h + inter * m.ffn
+    return float(attn + mlp)
+
+
+def substage_bytes(m: ModelSpec, seq: int, c, layers: int, emb: bool, head: bool, held: float,
+                   *, flash: bool, framework: Framework, fp8: bool, cf: float) -> float:
+    """Per-GPU bytes of one sub-stage running ``layers`` layers with configuration ``c``."""
+    dense_l, expert_l, largest = _params(m)
+    vh = float(m.vocab * m.hidden)
+    head_params = (m.hidden if emb and m.tied_embeddings else vh + m.hidden) if head else 0.0
+    dense = (layers * dense_l + (vh if emb else 0.0) + head_params) / c.tp
+    expert = layers * expert_l / (c.tp * c.ep)
+    q = c.dp * c.cp
+
+    def held_states(stage: int) -> float:
+        return dense / q + expert / (q / c.ep) if c.zero >= stage else dense + expert
+
+    live = held_states(3)
+    if c.zero >= 3:
+        live += (2.0 * largest / c.tp * min(layers, 1) if framework is Framework.DEEPSPEED
+                 else min(layers, 2) * (dense_l / c.tp + expert_l / (c.tp * c.ep)))
+    states = _W * live + (_FP8 * live if fp8 else 0.0) + _G * held_states(2) + _O * held_states(1)
+    tokens = c.micro_batch * seq / c.cp / c.tp
+    in_hbm = min(held, 1.0) if c.offload else held
+    acts = _per_token(m, seq, c.recompute, flash, cf) * layers * tokens * in_hbm
+    if c.recompute is Recompute.FULL:
+        acts += _per_token(m, seq, Recompute.NONE, flash, cf) * tokens
+    if head:
+        acts += tokens * (4.0 * m.hidden * in_hbm + 4.0 * m.vocab)
+    return states + acts
+
+
+def plan_memory_gb(plan, cf: float, flash_by_stage: list[bool]) -> list[float]:
+    """Peak per-GPU GB of every stage of ``plan`` (its most loaded sub-stage), independently."""
+    job, n, v = plan.job, plan.n_micro, plan.virtual_stages
+    depth = sum(s.plan.config.pp for s in plan.stages)
+    out, j0 = [], 0
+    for s, flash in zip(plan.stages, flash_by_stage):
+        c = s.plan.config
+        fp8 = job.training.precision is Precision.FP8 and all(
+            x.gpu.runs_in(Precision.FP8) == "fp8" for x in s.island.nodes)
+        worst = 0.0
+        for j, count in enumerate(layer_counts(s.end - s.start, c.pp)):
+            emb = s.start == 0 and j == 0
+            head = s.end == job.model.layers and j == c.pp - 1
+            held = held_micro_batches(j0 + j, depth, n, v)
+            worst = max(worst, substage_bytes(
+                job.model, job.training.seq_len, c, count, emb, head, held, flash=flash,
+                framework=job.planner.framework, fp8=fp8, cf=cf))
+        out.append(worst / 1e9)
+        j0 += c.pp
+    return out

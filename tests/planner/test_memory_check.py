@@ -1,0 +1,75 @@
+"""The validator's independent memory count equals the vectorized model's, and catches a bug
+planted in the model (the one a review found: the in-flight multiplier dropped)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from solver.cost.memory import substage_memory
+from solver.cost.stage import ConfigArrays, StageConfig
+from solver.planner.memory_check import held_micro_batches, layer_counts, substage_bytes
+from solver.spec.domain import Framework, ModelSpec, Recompute
+
+MODELS = [
+    ModelSpec("llama", layers=16, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256),
+    ModelSpec("gpt", layers=12, hidden=2048, ffn=8192, heads=16, kv_heads=16, vocab=51200,
+              gated_mlp=False, tied_embeddings=True),
+    ModelSpec("moe", layers=8, hidden=2048, ffn=8192, heads=16, kv_heads=4, vocab=32000,
+              experts=8, top_k=2, expert_ffn=4096, shared_experts=1),
+]
+
+
+def _random_case(rng):
+    m = MODELS[int(rng.integers(len(MODELS)))]
+    tp = int(rng.choice([1, 2, 4]))
+    dp = int(rng.choice([1, 2, 4, 8]))
+    cp = int(rng.choice([1, 2]))
+    ep = int(rng.choice([e for e in (1, 2, 4, 8) if (dp * cp) % e == 0])) if m.is_moe else 1
+    c = StageConfig(tp=tp, cp=cp, ep=ep, dp=dp, zero=int(rng.integers(4)),
+                    recompute=list(Recompute)[int(rng.integers(3))],
+                    offload=bool(rng.integers(2)), micro_batch=int(rng.integers(1, 4)))
+    layers = int(rng.integers(1, m.layers + 1))
+    return m, c, layers, bool(rng.integers(2)), bool(rng.integers(2)), float(rng.integers(1, 9))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_independent_count_equals_the_vectorized_model(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        m, c, layers, emb, head, held = _random_case(rng)
+        flash, fp8 = bool(rng.integers(2)), bool(rng.integers(2))
+        framework = Framework.DEEPSPEED if rng.integers(2) else Framework.MEGATRON_CORE
+        cf = float(rng.choice([1.0, 1.25]))
+        mine = substage_bytes(m, 4096, c, layers, emb, head, held, flash=flash,
+                              framework=framework, fp8=fp8, cf=cf)
+        model = substage_memory(m, 4096, ConfigArrays.of([c]), np.asarray(layers),
+                                np.asarray(emb), np.asarray(head), np.asarray(held), 1.0, flash,
+                                framework is Framework.DEEPSPEED, fp8, cf).total[0]
+        assert mine == pytest.approx(model, rel=1e-12), (m.name, c, layers, emb, head, held)
+
+
+def test_positions_and_splits_by_hand():
+    assert layer_counts(10, 4) == [2, 3, 3, 2] and layer_counts(11, 4) == [3, 3, 3, 2]
+    assert [held_micro_batches(j, 4, 3, 1) for j in range(4)] == [3, 3, 2, 1]
+    assert [held_micro_batches(j, 4, 8, 2) for j in range(4)] == [5.5, 4.5, 3.5, 2.5]
+
+
+def test_planted_in_flight_bug_is_caught(monkeypatch):
+    """With the model's activation memory blind to the in-flight count (the planted bug), the
+    planner emits a plan whose first stages do not fit; the independent count rejects it, while
+    a check with the planner's own model would pass it."""
+    import importlib
+    from solver.planner.search import plan_job
+    from solver.planner.validate import PlanInvalid
+    from solver.spec.loaders import INSTANCES, load_job
+    memory = importlib.import_module("solver.cost.memory")
+    job = load_job(INSTANCES / "jobs" / "homog-h100-llama3-70b.toml")  # activations bind
+    plan_job(job)  # valid without the bug
+    real = memory.activation_bytes
+
+    def blind(model, seq_len, cfg, layers, head, in_flight, *rest, **kw):
+        return real(model, seq_len, cfg, layers, head, np.ones_like(in_flight), *rest, **kw)
+    monkeypatch.setattr(memory, "activation_bytes", blind)
+    with pytest.raises(PlanInvalid, match="independent count"):
+        plan_job(job)

@@ -30,8 +30,8 @@ from solver.cost.stage_costs import (
     stage_costs,
     substage_latencies,
 )
-from solver.spec.domain import (FeaturePreset, Framework, Island, ModelSpec, Precision, Recompute,
-                                Schedule)
+from solver.spec.domain import (Constraints, FeaturePreset, Framework, Island, ModelSpec,
+                                Precision, Recompute, Schedule)
 
 __all__ = ["AnalyticParallelizer", "FeatureSet", "MemoryBreakdown", "Parallelizer", "PartialPlan",
            "PlanContext", "StageConfig", "best_plan", "framework_features", "pipeline_time"]
@@ -125,6 +125,9 @@ class PlanContext:
         priced as Megatron-Core).
     precision : Precision
         GEMM precision the job asks for.
+    constraints : Constraints | None
+        The user's per-stage limits (allowed tp, cp, ep, ZeRO, recomputation, offload,
+        micro-batch); None: none.
     """
 
     seq_len: int
@@ -138,6 +141,7 @@ class PlanContext:
     virtual_stages: int = 1
     framework: Framework | None = None
     precision: Precision = Precision.BF16
+    constraints: Constraints | None = None
 
     @property
     def runtime(self) -> Runtime:
@@ -267,9 +271,28 @@ def enumerate_configs(slc: ModelSlice, island: Island, ctx: PlanContext, feats: 
     if ctx.framework is not None:
         keep &= _zero_allowed(ctx.framework, g[:, 0], pp, slc.is_whole, feats.zero) | ~replicas
     zero = np.where(replicas, g[:, 0], 0)
+    if ctx.constraints is not None:
+        keep &= _constrained(ctx.constraints, b, zero, g, ctx.micro_batch // np.maximum(dp, 1))
     return ConfigArrays(tp=tp[keep], cp=cp[keep], ep=ep[keep], pp=pp[keep], dp=dp[keep],
                         zero=zero[keep], recompute=g[keep, 1], offload=g[keep, 2].astype(bool),
                         micro_batch=ctx.micro_batch // dp[keep])
+
+
+def _constrained(c: Constraints, layout: np.ndarray, zero: np.ndarray, grid: np.ndarray,
+                 micro: np.ndarray) -> np.ndarray:
+    """Rows the user's constraints allow (``layout`` columns tp, cp, pp, dp, ep)."""
+    ok = np.ones(len(zero), dtype=bool)
+    for allowed, column in ((c.tp, layout[:, 0]), (c.cp, layout[:, 1]), (c.ep, layout[:, 4]),
+                            (c.micro_batch, micro)):
+        if allowed is not None:
+            ok &= np.isin(column, allowed)
+    if c.zero is not None:  # without replicas every ZeRO stage is ZeRO-0
+        ok &= np.isin(zero, c.zero) | (layout[:, 3] * layout[:, 1] == 1)
+    if c.recompute is not None:
+        ok &= np.isin(grid[:, 1], [RECOMPUTE_CODES.index(r) for r in c.recompute])
+    if c.offload is False:
+        ok &= grid[:, 2] == 0
+    return ok
 
 
 def framework_features(framework: Framework) -> FeatureSet:

@@ -33,9 +33,10 @@ from solver.spec.domain import FeaturePreset, Island, JobSpec, Precision, Schedu
 __all__ = ["chunk_counts", "best_interleaved"]
 
 
-def chunk_counts(layers: int) -> list[int]:
-    """``v >= 2`` for which some ``pp >= 2`` has ``layers % (pp v) == 0``."""
-    return [v for v in range(2, layers // 2 + 1) if layers % v == 0 and layers // v >= 2]
+def chunk_counts(layers: int, allowed: tuple[int, ...] | None = None) -> list[int]:
+    """``v >= 2`` for which some ``pp >= 2`` has ``layers % (pp v) == 0`` (within ``allowed``)."""
+    return [v for v in range(2, layers // 2 + 1) if layers % v == 0 and layers // v >= 2
+            and (allowed is None or v in allowed)]
 
 
 def compute_floor(job: JobSpec, island: Island, nodes: int) -> float:
@@ -61,7 +62,8 @@ def _context(job: JobSpec, features: FeaturePreset, n: int, v: int, nodes: int,
     # of a given size shares its cache entries across clusters (replan).
     return PlanContext(job.training.seq_len, job.training.global_batch // n, n, 1,
                        job.planner.epsilon, job.model.layers // v, features,
-                       Schedule.INTERLEAVED, v, job.planner.framework, job.training.precision)
+                       Schedule.INTERLEAVED, v, job.planner.framework, job.training.precision,
+                       job.constraints)
 
 
 def _best_of(plans: list[PartialPlan], job: JobSpec, n: int, v: int
@@ -70,7 +72,8 @@ def _best_of(plans: list[PartialPlan], job: JobSpec, n: int, v: int
     best = None
     for p in plans:
         pp = p.config.pp
-        if pp < 2 or job.model.layers % (pp * v) or n % pp:
+        limit = job.constraints.max_stages
+        if pp < 2 or job.model.layers % (pp * v) or n % pp or (limit is not None and pp > limit):
             continue
         t = interleaved_cycle_time(p.stage_latencies, n, v) + p.iteration_s
         if best is None or t < best[0]:
@@ -86,7 +89,8 @@ def best_interleaved(job: JobSpec, features: FeaturePreset, ns: list[int],
     ``ns``: micro-batch counts to try; ``views``: the island sets (and view names) the
     composition searched, whose islands host the candidate pipelines.
     """
-    if not interleaving_allowed(profile(job.planner.framework), meshes=1):
+    if not interleaving_allowed(profile(job.planner.framework), meshes=1) or \
+            not job.constraints.allows_schedule(Schedule.INTERLEAVED):
         return None
     best = None
     for islands, view in views:
@@ -105,7 +109,7 @@ def _on_island(job, features, ns, parallelizer, island, bar):
             break  # fewer nodes only raise the floor
         group = group_island(island, nodes)
         for n in ns:
-            for v in chunk_counts(job.model.layers):
+            for v in chunk_counts(job.model.layers, job.constraints.virtual_stages):
                 ctx = _context(job, features, n, v, nodes, island)
                 found = _best_of(parallelizer.plan(ModelSlice.whole(job.model), group, ctx),
                                  job, n, v)

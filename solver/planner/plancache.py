@@ -106,6 +106,10 @@ def context_signature(ctx: PlanContext) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [_plain(x) for x in value]
     return value.value if hasattr(value, "value") else value
 
 

@@ -36,8 +36,8 @@ from solver.planner.pruning import (LinkModel, Rule, balance_window, bound_windo
                                     stage_time_lb)
 from solver.planner.solve import solve_stage_table
 from solver.planner.validate import link_model, validate
-from solver.spec.domain import FeaturePreset, Island, JobSpec, SolverKind
-from solver.spec.errors import InfeasibleError
+from solver.spec.domain import FeaturePreset, Island, JobSpec, Schedule, SolverKind
+from solver.spec.errors import InfeasibleError, InputError
 
 REL_TIE = 1e-12
 VIEW_ISLANDS, VIEW_WHOLE = "islands", "whole cluster"
@@ -129,11 +129,13 @@ def start_run(job: JobSpec, config: PlannerConfig, n_micro: int | None = None,
         raise ValueError("n_micro must be fixed here; plan_job searches it")
     features = config.features or job.planner.features
     isl = islands or build_islands(job.cluster, Thresholds.of(job.planner))
+    isl = _allowed_islands(job, isl)
     micro = job.training.global_batch // n
     by_name = {i.name: i for i in isl.islands}
     if cache is None:
         ctx = PlanContext(job.training.seq_len, micro, n, 1, job.planner.epsilon, 1, features,
-                          framework=job.planner.framework, precision=job.training.precision)
+                          framework=job.planner.framework, precision=job.training.precision,
+                          constraints=job.constraints)
         cache = GroupCache(job.model, by_name, parallelizer or AnalyticParallelizer(features), ctx,
                            dedupe=Rule.DEDUPE in config.rules)
     else:
@@ -142,11 +144,32 @@ def start_run(job: JobSpec, config: PlannerConfig, n_micro: int | None = None,
     return PlanningRun(job, config, isl, cache, link_model(job, micro), n, view)
 
 
+def _allowed_islands(job: JobSpec, isl: IslandSet) -> IslandSet:
+    """``isl`` without the islands ``[constraints]`` leaves out (one-line error when a named
+    island does not exist, or none is left)."""
+    c = job.constraints
+    if c.islands is None and c.exclude_islands is None:
+        return isl
+    known = {i.name for i in isl.islands} | {i.gpu.name for i in isl.islands}
+    for key, names in (("islands", c.islands), ("exclude_islands", c.exclude_islands)):
+        unknown = sorted(set(names or ()) - known)
+        if unknown:
+            raise InputError(str(job.path or job.name), f"constraints.{key}",
+                             f"no island or GPU type {unknown[0]!r} (islands: "
+                             f"{', '.join(sorted(i.name for i in isl.islands))})")
+    kept = tuple(i for i in isl.islands if c.allows_island(i))
+    if not kept:
+        raise InputError(str(job.path or job.name), "constraints.islands",
+                         "leaves no island to plan on")
+    return replace(isl, islands=kept)
+
+
 def views(job: JobSpec, config: PlannerConfig, n: int,
           parallelizer: Parallelizer) -> list[PlanningRun]:
     """The runs of one ``n_micro``: Algorithm 1's islands, then the whole cluster."""
     runs = [start_run(job, config, n, parallelizer)]
-    if config.whole_cluster and len(runs[0].islands.islands) > 1:
+    restricted = job.constraints.islands is not None or job.constraints.exclude_islands is not None
+    if config.whole_cluster and len(runs[0].islands.islands) > 1 and not restricted:
         # Groups of equal figures share their options across views (the cache is keyed so).
         runs.append(start_run(job, config, n, parallelizer, whole_cluster(job.cluster),
                               VIEW_WHOLE, cache=runs[0].cache))
@@ -169,10 +192,11 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
     ns = [run.n_micro] if run is not None else ([fixed] if fixed else
                                                  search_order(candidate_n_micro(job)))
     best, calls, proven, tried = None, 0, True, []
+    plain = job.constraints.allows_schedule(Schedule.ONE_F_ONE_B)  # else interleaved only
     for n in ns:
         for r in ([run] if run is not None else views(job, config, n, par)):
             bar = best[0].total * (1 - REL_TIE) if best is not None else math.inf
-            found = search(r, bar)
+            found = search(r, bar) if plain else None
             calls += r.cache.calls
             tried.append(r)
             proven = proven and (found is None or found.optimal)
@@ -285,8 +309,10 @@ def compose(run: PlanningRun, spec: TableSpec, bans: frozenset,
         return None
     kept = set(cand.table.names())
     base = restrictions or GroupRestrictions()
+    limits = [x for x in (base.max_stages, run.job.constraints.max_stages) if x is not None]
     restr = replace(base, banned_links=frozenset(p for p in bans | base.banned_links
-                                                 if p[0] in kept and p[1] in kept))
+                                                 if p[0] in kept and p[1] in kept),
+                    max_stages=min(limits) if limits else None)
     job = run.job
     result = solve_stage_table(cand.table, restr, run.config.solver or job.planner.solver,
                                job.planner.overlap,

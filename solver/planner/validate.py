@@ -49,7 +49,7 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
     pipelined = len(plan.stages) > 1 or any(s.plan.config.pp > 1 for s in plan.stages)
     out += violations([s.plan.config for s in plan.stages], profile(job.planner.framework),
                       pipelined)
-    out += _interleaving(plan, job)
+    out += _interleaving(plan, job) + _constraints(plan, job)
     independent = plan_memory_gb(plan, DEFAULT_CALIBRATION.moe_capacity_factor,
                                  [_flash(s, job) for s in plan.stages])
     for i, s in enumerate(plan.stages):
@@ -146,6 +146,36 @@ def _config(s, job: JobSpec, n: int) -> list[str]:
         out.append(f"{name}: ep {c.ep} must divide the experts and dp·cp")
     if job.training.seq_len % c.cp:
         out.append(f"{name}: cp {c.cp} does not divide the sequence")
+    return out
+
+
+def _constraints(plan: Plan, job: JobSpec) -> list[str]:
+    """What of the plan the job's ``[constraints]`` do not allow."""
+    c, out = job.constraints, []
+    for i, s in enumerate(plan.stages):
+        k = s.plan.config
+        for name, value in (("tp", k.tp), ("cp", k.cp), ("ep", k.ep),
+                            ("micro_batch", k.micro_batch)):
+            allowed = getattr(c, name)
+            if allowed is not None and value not in allowed:
+                out.append(f"stage {i}: {name} {value} is not in constraints.{name} {list(allowed)}")
+        if c.zero is not None and k.dp * k.cp > 1 and k.zero not in c.zero:
+            out.append(f"stage {i}: ZeRO-{k.zero} is not in constraints.zero {list(c.zero)}")
+        if c.recompute is not None and k.recompute not in c.recompute:
+            out.append(f"stage {i}: recompute {k.recompute.value} is not allowed")
+        if c.offload is False and k.offload:
+            out.append(f"stage {i}: offload is not allowed")
+        if not c.allows_island(s.island):
+            out.append(f"stage {i}: island {s.island.name} is left out by the constraints")
+    depth = sum(s.plan.config.pp for s in plan.stages)
+    if c.max_stages is not None and depth > c.max_stages:
+        out.append(f"{depth} pipeline stages exceed constraints.max_stages {c.max_stages}")
+    schedule = Schedule.INTERLEAVED if plan.virtual_stages > 1 else Schedule.ONE_F_ONE_B
+    if not c.allows_schedule(schedule):
+        out.append(f"schedule {schedule.value} is not in constraints.schedule")
+    if c.virtual_stages is not None and plan.virtual_stages > 1 and \
+            plan.virtual_stages not in c.virtual_stages:
+        out.append(f"virtual_stages {plan.virtual_stages} is not allowed")
     return out
 
 

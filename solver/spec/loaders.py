@@ -13,6 +13,7 @@ from typing import Any
 
 from solver.spec.domain import (
     ClusterSpec,
+    Constraints,
     FeaturePreset,
     Framework,
     GPUSpec,
@@ -21,6 +22,8 @@ from solver.spec.domain import (
     NodeGroup,
     Precision,
     PlannerOptions,
+    Recompute,
+    Schedule,
     SolverKind,
     TrainingSpec,
 )
@@ -193,7 +196,7 @@ def load_job(path: Path | str, catalog: dict[str, GPUSpec] | None = None) -> Job
     path = Path(path)
     catalog = catalog if catalog is not None else load_catalog()
     f = Fields(read_toml(path), str(path))
-    f.only("name", "description", "model", "cluster", "training", "planner")
+    f.only("name", "description", "model", "cluster", "training", "planner", "constraints")
     f.get("description", str, "")
     model = load_model_ref(f.get("model", object), str(path), "model", path.parent)
     cluster = load_cluster_ref(f.get("cluster", object), str(path), "cluster", path.parent, catalog)
@@ -201,8 +204,58 @@ def load_job(path: Path | str, catalog: dict[str, GPUSpec] | None = None) -> Job
     planner_f = f.sub("planner")
     planner = _planner(planner_f) if planner_f else PlannerOptions()
     name = f.get("name", str, path.stem)
+    constraints_f = f.sub("constraints")
+    constraints = _constraints(constraints_f) if constraints_f else Constraints()
     f.done()
-    return JobSpec(name, model, cluster, training, planner, path)
+    return JobSpec(name, model, cluster, training, planner, path, constraints)
+
+
+def _int_list(f: Fields, name: str, lo: int, hi: int) -> tuple[int, ...] | None:
+    """A non-empty list of integers in ``lo..hi`` (None when absent)."""
+    raw = f.get(name, list, None)
+    if raw is None:
+        return None
+    f.check(name, bool(raw) and all(isinstance(x, int) and not isinstance(x, bool)
+                                    and lo <= x <= hi for x in raw),
+            f"must be a non-empty list of integers in {lo}..{hi}, got {raw!r}")
+    return tuple(sorted(set(raw)))
+
+
+def _enum_list(f: Fields, name: str, enum_type) -> tuple | None:
+    raw = f.get(name, list, None)
+    if raw is None:
+        return None
+    values = [e.value for e in enum_type]
+    f.check(name, bool(raw) and all(x in values for x in raw),
+            f"must be a non-empty list of {', '.join(map(repr, values))}, got {raw!r}")
+    return tuple(enum_type(x) for x in dict.fromkeys(raw))
+
+
+def _str_list(f: Fields, name: str) -> tuple[str, ...] | None:
+    raw = f.get(name, list, None)
+    if raw is None:
+        return None
+    f.check(name, bool(raw) and all(isinstance(x, str) and x for x in raw),
+            f"must be a non-empty list of island names or GPU types, got {raw!r}")
+    return tuple(raw)
+
+
+def _constraints(f: Fields) -> Constraints:
+    """The ``[constraints]`` table (every key optional)."""
+    out = Constraints(
+        tp=_int_list(f, "tp", 1, 1024), cp=_int_list(f, "cp", 1, 1024),
+        ep=_int_list(f, "ep", 1, 4096), zero=_int_list(f, "zero", 0, 3),
+        recompute=_enum_list(f, "recompute", Recompute),
+        offload=f.get("offload", bool, None),
+        micro_batch=_int_list(f, "micro_batch", 1, 10**6),
+        schedule=_enum_list(f, "schedule", Schedule),
+        virtual_stages=_int_list(f, "virtual_stages", 2, 4096),
+        max_stages=f.get("max_stages", int, None, lo=1, hi=MAX_LAYERS),
+        islands=_str_list(f, "islands"), exclude_islands=_str_list(f, "exclude_islands"))
+    f.check("schedule", out.schedule is None or Schedule.GPIPE not in out.schedule,
+            "the planner makes 1f1b and interleaved plans (gpipe is not searched)")
+    f.done()
+    return out
 
 
 def _training(f: Fields) -> TrainingSpec:

@@ -1,0 +1,81 @@
+"""``[constraints]``: validated with one-line errors, honoured by every solver, binding where
+they should."""
+
+from __future__ import annotations
+
+import pytest
+
+from solver.cli.main import main
+from solver.planner.search import PlannerConfig, plan_job
+from solver.planner.validate import problems
+from solver.spec.domain import Recompute, SolverKind
+from solver.spec.errors import InputError
+from solver.spec.loaders import load_job
+from tests.planner.test_planner import write_job
+
+GPUS = ["H100-SXM-80GB", "A100-SXM-80GB", "L40S"]
+
+
+def _job(tmp_path, table: str, gpus=GPUS, layers=8, n=4):
+    path = write_job(tmp_path, gpus, layers=layers, n=n)
+    path.write_text(path.read_text() + "[constraints]\n" + table)
+    return path
+
+
+@pytest.fixture(scope="module")
+def free(tmp_path_factory):
+    path = write_job(tmp_path_factory.mktemp("free"), GPUS, layers=8, n=4)
+    return plan_job(load_job(path))
+
+
+def _solvers(job):
+    return [plan_job(job, PlannerConfig(solver=k)) for k in
+            (SolverKind.DP, SolverKind.CPSAT, SolverKind.MILP)]
+
+
+@pytest.mark.parametrize("table,check", [
+    ("tp = [2, 4]\n", lambda p: all(s.plan.config.tp in (2, 4) for s in p.stages)),
+    ("micro_batch = [1]\n", lambda p: all(s.plan.config.micro_batch == 1 for s in p.stages)),
+    ("max_stages = 1\n", lambda p: sum(s.plan.config.pp for s in p.stages) == 1),
+    ('exclude_islands = ["H100-SXM-80GB"]\n',
+     lambda p: all(s.island.gpu.name != "H100-SXM-80GB" for s in p.stages)),
+    ('recompute = ["full"]\n', lambda p: all(s.plan.config.recompute is Recompute.FULL
+                                             for s in p.stages)),
+])
+def test_each_constraint_binds_and_all_solvers_agree(tmp_path, free, table, check):
+    assert not check(free)  # the unconstrained optimum breaks it: the constraint binds
+    job = load_job(_job(tmp_path, table))
+    plans = _solvers(job)
+    for p in plans:
+        assert check(p) and problems(p, job) == []
+        assert p.iteration_time_s >= free.iteration_time_s * (1 - 1e-9)  # never better
+    times = [p.iteration_time_s for p in plans]
+    assert max(times) - min(times) <= 1e-4 * min(times)
+
+
+def test_validator_rejects_a_plan_outside_the_constraints(tmp_path, free):
+    job = load_job(_job(tmp_path, "tp = [2]\n"))
+    assert any("constraints.tp" in p for p in problems(free, job))
+
+
+@pytest.mark.parametrize("table,key", [
+    ("tp = [0]\n", "constraints.tp"),
+    ('recompute = ["sometimes"]\n', "constraints.recompute"),
+    ("max_stages = 0\n", "constraints.max_stages"),
+    ('schedule = ["gpipe"]\n', "constraints.schedule"),
+    ("colour = 3\n", "constraints.colour"),
+])
+def test_bad_constraints_get_one_line_errors(tmp_path, capsys, table, key):
+    path = _job(tmp_path, table)
+    with pytest.raises(InputError, match=key):
+        load_job(path)
+    assert main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and key in err and "\n" not in err
+
+
+def test_unknown_island_is_a_one_line_error(tmp_path, capsys):
+    path = _job(tmp_path, 'islands = ["TPU-v5"]\n')
+    assert main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "constraints.islands" in err and "TPU-v5" in err

@@ -49,7 +49,7 @@ from solver.cost.frameworks import profile, violations
 from solver.cost.stage import StageConfig
 from solver.spec.domain import Framework, GPUSpec, Island, ModelSpec, Precision, Recompute, Schedule
 from solver.spec.errors import InputError
-from solver.spec.fields import Fields, read_toml
+from solver.spec.fields import Fields, closest, read_toml
 from solver.spec.loaders import MAX_GPUS, load_catalog, load_model_ref
 
 
@@ -91,7 +91,8 @@ def _check_framework(f: Fields, setup: EstimateSetup) -> None:
 def _island(f: Fields, catalog: dict[str, GPUSpec]) -> Island:
     name = f.get("gpu", str)
     if name not in catalog:
-        raise f.error("gpu", f"unknown GPU {name!r} (catalog: {', '.join(sorted(catalog))})")
+        raise f.error("gpu", f"unknown GPU {name!r}{closest(name, catalog)} "
+                             f"(catalog: {', '.join(sorted(catalog))})")
     gpu = catalog[name]
     gpus = f.get("gpus", int, lo=1, hi=MAX_GPUS)
     per_node = f.get("gpus_per_node", int, 8, lo=1, hi=64)

@@ -214,7 +214,7 @@ def plan_json(plan: Plan, islands_payload: list[dict[str, Any]]) -> dict[str, An
             "island": s.island.name, "gpu": s.island.gpu.name, "gpus": s.gpus,
             "nodes": s.node_ids, "layers": [s.start, s.end], "tp": c.tp, "cp": c.cp, "ep": c.ep, "pp": c.pp,
             "dp": c.dp, "zero": c.zero, "recompute": c.recompute.value, "offload": c.offload,
-            "micro_batch": c.micro_batch,
+            "micro_batch": c.micro_batch, "virtual_stages": plan.virtual_stages,
             "precision": s.island.gpu.runs_in(plan.job.training.precision),
             "latency_s": _r(s.plan.latency_s), "memory_gb": _r(s.plan.memory_gb)})
     info = plan.solver
@@ -224,7 +224,8 @@ def plan_json(plan: Plan, islands_payload: list[dict[str, Any]]) -> dict[str, An
     if not info.optimal:
         solver.update(bound=info.bound if info.bound is None else _r(info.bound),
                       gap=info.gap if info.gap is None else _r(info.gap))
-    return {"objective": {"iteration_time_s": _r(plan.iteration_time_s),
+    return {"pipeline_s": _r(plan.pipeline_time_s), "per_iteration_s": _r(plan.iteration_extra_s),
+            "objective": {"iteration_time_s": _r(plan.iteration_time_s),
                           "tokens_per_s": _r(plan.tokens_per_s),
                           "bubble_ratio": _r(plan.bubble_ratio),
                           "n_micro": plan.n_micro},

@@ -20,13 +20,34 @@ _TYPE_NAMES = MappingProxyType({int: "an integer", float: "a number", str: "a st
                dict: "a table", list: "a list"})
 
 
+def _read_text(path: Path) -> str:
+    """The file's text; the reason it cannot be read in plain words."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        reason = "no such file"
+    except IsADirectoryError:
+        reason = "is a directory, not a file"
+    except PermissionError:
+        reason = "permission denied"
+    except UnicodeDecodeError:
+        reason = "not a UTF-8 text file"
+    except OSError as exc:
+        reason = exc.strerror or "cannot be read"
+    raise InputError(str(path), "<file>", f"cannot read: {reason}")
+
+
+def closest(name: str, names) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``names`` to ``name``, or ''."""
+    import difflib
+    found = difflib.get_close_matches(name, list(names), n=1, cutoff=0.5)
+    return f" (did you mean {found[0]!r}?)" if found else ""
+
+
 def read_toml(path: Path | str) -> dict:
     """Parse a TOML file; empty, unreadable or invalid files raise InputError."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(str(path), "<file>", f"cannot read: {exc.__class__.__name__}") from None
+    text = _read_text(path)
     if not text.strip():
         raise InputError(str(path), "<file>", "file is empty")
     try:
@@ -38,10 +59,7 @@ def read_toml(path: Path | str) -> dict:
 def read_json(path: Path | str) -> Any:
     """Parse a JSON file; empty, unreadable or invalid files raise InputError."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(str(path), "<file>", f"cannot read: {exc.__class__.__name__}") from None
+    text = _read_text(path)
     if not text.strip():
         raise InputError(str(path), "<file>", "file is empty")
     try:

@@ -28,7 +28,7 @@ from solver.spec.domain import (
     TrainingSpec,
 )
 from solver.spec.errors import InputError
-from solver.spec.fields import Fields, read_json, read_toml
+from solver.spec.fields import Fields, closest, read_json, read_toml
 from solver.spec.hfconfig import model_from_hf_config
 from solver.spec.model import check_model
 
@@ -93,8 +93,9 @@ def load_model_ref(value: Any, file: str, key: str, base: Path) -> ModelSpec:
         raise InputError(file, key, "must be a model name, a file path or an inline table")
     path = _resolve(value, base, "models", (".toml", ".json"))
     if path is None:
-        names = ", ".join(sorted(p.stem for p in (INSTANCES / "models").glob("*.toml")))
-        raise InputError(file, key, f"unknown model {value!r} (catalog: {names}; or a file path)")
+        stems = sorted(p.stem for p in (INSTANCES / "models").glob("*.toml"))
+        raise InputError(file, key, f"unknown model {value!r}{closest(value, stems)} "
+                                    f"(catalog: {', '.join(stems)}; or a file path)")
     return load_model(path)
 
 
@@ -138,8 +139,9 @@ def load_cluster_ref(value: Any, file: str, key: str, base: Path,
         raise InputError(file, key, "must be a cluster name, a file path or an inline table")
     path = _resolve(value, base, "clusters", (".toml",))
     if path is None:
-        names = ", ".join(sorted(p.stem for p in (INSTANCES / "clusters").glob("*.toml")))
-        raise InputError(file, key, f"unknown cluster {value!r} (catalog: {names}; or a file path)")
+        stems = sorted(p.stem for p in (INSTANCES / "clusters").glob("*.toml"))
+        raise InputError(file, key, f"unknown cluster {value!r}{closest(value, stems)} "
+                                    f"(catalog: {', '.join(stems)}; or a file path)")
     return load_cluster(path, catalog)
 
 
@@ -168,7 +170,8 @@ def _cluster(f: Fields, catalog: dict[str, GPUSpec], default_name: str) -> Clust
 def _group(f: Fields, catalog: dict[str, GPUSpec]) -> NodeGroup:
     gpu_name = f.get("gpu", str)
     if gpu_name not in catalog:
-        raise f.error("gpu", f"unknown GPU {gpu_name!r} (catalog: {', '.join(sorted(catalog))})")
+        raise f.error("gpu", f"unknown GPU {gpu_name!r}{closest(gpu_name, catalog)} "
+                             f"(catalog: {', '.join(sorted(catalog))})")
     gpu = catalog[gpu_name]
     group = NodeGroup(
         gpu=gpu,

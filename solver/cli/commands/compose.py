@@ -103,7 +103,7 @@ def _plain(path: str, table: LatencyTable, result: CompositionResult) -> str:
     rows = []
     for i, s in enumerate(result.stages):
         nxt = result.stages[i + 1].island if i + 1 < len(result.stages) else None
-        rows.append({"stage": i, "island": s.island, "layers": f"{s.start}-{s.end - 1}",
+        rows.append({"stage": i, "island": s.island, "layers": f"[{s.start}, {s.end})",
                      "count": s.end - s.start, "position": s.position.value,
                      "latency_s": s.latency,
                      "link_s": table.link_time(s.island, nxt) if nxt else "-"})

@@ -1,0 +1,51 @@
+"""Reports that hide nothing: plain file errors, closest-name hints, half-open layer ranges,
+the plan JSON's top-level times and per-stage keys."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from solver.cli.main import main
+from solver.spec.loaders import INSTANCES
+
+
+def _err(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    return err
+
+
+def test_file_errors_in_plain_words(tmp_path, capsys):
+    assert "no such file" in _err(capsys, ["plan", str(tmp_path / "missing.toml")])
+    assert "is a directory" in _err(capsys, ["plan", str(tmp_path)])
+    assert "Error" not in _err(capsys, ["plan", str(tmp_path)])  # no Python class names
+
+
+def test_unknown_names_suggest_the_closest(tmp_path, capsys):
+    path = tmp_path / "job.toml"
+    path.write_text('model = "llama3-70x"\ncluster = "seed-h100-a100"\n'
+                    '[training]\nglobal_batch = 8\nseq_len = 128\n')
+    assert "did you mean 'llama3-70b'" in _err(capsys, ["plan", str(path)])
+    path.write_text('model = "llama3-70b"\n[cluster]\nname = "c"\n[[cluster.nodes]]\n'
+                    'gpu = "H100-SXM"\ncount = 1\n[training]\nglobal_batch = 8\nseq_len = 128\n')
+    assert "did you mean 'H100-SXM-80GB'" in _err(capsys, ["plan", str(path)])
+
+
+def test_compose_prints_half_open_ranges(capsys):
+    table = INSTANCES / "tables" / "counterexample_recurrence.json"
+    assert main(["compose", str(table)]) == 0
+    out = capsys.readouterr().out
+    assert "[0, 1)" in out and "0-0" not in out
+
+
+def test_plan_json_top_level_times_add_up(capsys):
+    assert main(["plan", str(INSTANCES / "jobs" / "seed-llama3-70b.toml"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["pipeline_s"] + out["per_iteration_s"] == pytest.approx(
+        out["objective"]["iteration_time_s"], rel=1e-5)
+    assert all({"micro_batch", "virtual_stages", "precision", "nodes"} <= set(s)
+               for s in out["stages"])
+    assert "idle_nodes" in out

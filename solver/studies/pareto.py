@@ -280,7 +280,7 @@ def point_json(p: SubsetPlan, objective: Objective) -> dict[str, Any]:
         out.update(kwh_per_iteration=_r(p.kwh_per_iteration), kw=_r(p.watts / 1e3))
     out.update(islands=list(p.islands), gpus=sum(i.gpus for i in dict.fromkeys(
         s.island for s in p.plan.stages)),
-               tokens_per_s=_r(p.tokens_per_s, 3))
+               tokens_per_s=_r(p.tokens_per_s))
     return out
 
 

@@ -49,3 +49,15 @@ def test_plan_json_top_level_times_add_up(capsys):
     assert all({"micro_batch", "virtual_stages", "precision", "nodes"} <= set(s)
                for s in out["stages"])
     assert "idle_nodes" in out
+
+
+def test_pareto_text_counts_each_island_once(tmp_path, capsys):
+    from tests.planner.test_planner import write_job
+    path = write_job(tmp_path, ["H100-SXM-80GB", "A100-SXM-80GB", "L40S"], layers=8, n=4)
+    assert main(["pareto", str(path), "--json"]) == 0
+    fronts = json.loads(capsys.readouterr().out)
+    assert main(["pareto", str(path)]) == 0
+    text = capsys.readouterr().out
+    for point in fronts["cost"]:
+        assert point["gpus"] <= 24  # three 8-GPU nodes
+        assert f"  {point['gpus']}  " in text

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     for obj in Objective:
         unit = "$/iter" if obj is Objective.COST else "kWh/iter"
         rows = [{"iteration s": p.iteration_time_s, "tokens/s": p.tokens_per_s,
-                 unit: p.value(obj), "gpus": sum(s.island.gpus for s in p.plan.stages),
+                 unit: p.value(obj), "gpus": sum(i.gpus for i in dict.fromkeys(s.island for s in p.plan.stages)),
                  "islands": " > ".join(p.islands)} for p in pareto_front(points, obj)]
         print(f"\n{obj.value} front (fastest first):")
         print(render_table(rows))

@@ -5,6 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Every property test is reproducible: derandomized, no example database (issue: no test whose
+# outcome depends on the run).
+settings.register_profile("tangram", derandomize=True, database=None, deadline=None)
+settings.load_profile("tangram")
 
 from solver.spec.domain import ClusterSpec, NodeGroup
 from solver.spec.loaders import INSTANCES, load_catalog

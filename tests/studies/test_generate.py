@@ -74,7 +74,8 @@ def test_cli_rejects_bad_options(capsys):
     assert "--model" in capsys.readouterr().err
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32), nodes=st.none() | st.integers(2, 512),
        scale=st.sampled_from(Scale))
 def test_generated_jobs_are_realistic_and_load(tmp_path, catalog, models, seed, nodes, scale):

@@ -61,3 +61,24 @@ def test_pareto_text_counts_each_island_once(tmp_path, capsys):
     for point in fronts["cost"]:
         assert point["gpus"] <= 24  # three 8-GPU nodes
         assert f"  {point['gpus']}  " in text
+
+
+def test_explain_adds_up_to_the_model(capsys):
+    from solver.cost.stage_costs import model_flops_per_token
+    from solver.spec.loaders import load_job
+    job = load_job(INSTANCES / "jobs" / "seed-llama3-70b.toml")
+    assert main(["plan", str(INSTANCES / "jobs" / "seed-llama3-70b.toml"), "--json",
+                 "--explain"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = out["explain"]
+    assert len(rows) == len(out["stages"])
+    assert sum(r["params"] for r in rows) == pytest.approx(job.model.total_params)
+    tokens = job.training.global_batch // out["objective"]["n_micro"] * job.training.seq_len
+    flops = model_flops_per_token(job.model, job.training.seq_len) * tokens / 1e12
+    assert sum(r["tflop_per_micro_batch"] for r in rows) == pytest.approx(flops)  # no recompute
+    for r, s in zip(rows, out["stages"]):
+        parts = r["weights_gb"] + r["grads_gb"] + r["optimizer_gb"] + r["activations_gb"]
+        assert parts == pytest.approx(r["total_gb"]) and r["total_gb"] == pytest.approx(
+            s["memory_gb"], rel=1e-5)
+    assert main(["plan", str(INSTANCES / "jobs" / "seed-llama3-70b.toml"), "--explain"]) == 0
+    assert "TFLOP/micro-batch" in capsys.readouterr().out

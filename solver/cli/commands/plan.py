@@ -31,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--simulate", action="store_true",
                    help="also simulate the 1F1B schedule and report its iteration time")
     p.add_argument("--plot", metavar="FILE", help="write a Gantt chart of the schedule (PNG)")
+    p.add_argument("--explain", action="store_true",
+                   help="also show per stage: parameters, FLOPs per micro-batch, memory by part")
     p.add_argument("--emit", choices=("flagscale", "megatron"),
                    help="print the plan as FlagScale YAML or Megatron-LM arguments instead")
     p.add_argument("-o", "--output", metavar="FILE", help="with --emit: write to FILE")
@@ -71,12 +73,27 @@ def run(args: argparse.Namespace) -> int:
         if args.plot:
             from solver.cli.plots import plot_plan_schedule
             extra["plot"] = str(plot_plan_schedule(sim, args.plot))
+    if args.explain:
+        import dataclasses
+        from solver.planner.explain import explain
+        reports = explain(plan)
+        extra["explain"] = [dataclasses.asdict(r) for r in reports]
     if args.json:
         payload = plan_json(plan, [island_json(i) for i in plan.islands.islands])
         payload.update(extra)
         emit_json(payload, args)
         return 0
     print(render_plan(plan))
+    if args.explain:
+        print("\nper stage (per GPU unless marked):")
+        print(render_table([{
+            "stage": r.stage, "params B (all)": f"{r.params / 1e9:.2f}",
+            "params M/GPU": f"{r.params_per_gpu / 1e6:.0f}",
+            "TFLOP/micro-batch": f"{r.tflop_per_micro_batch:.1f}",
+            "weights GB": f"{r.weights_gb:.2f}", "grads GB": f"{r.grads_gb:.2f}",
+            "optimizer GB": f"{r.optimizer_gb:.2f}", "activations GB": f"{r.activations_gb:.2f}",
+            "total GB": f"{r.total_gb:.2f}"} for r in reports]))
+        extra.pop("explain")
     for key, value in extra.items():
         print(f"{key}: {value}")
     return 0

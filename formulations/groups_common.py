@@ -28,10 +28,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
+from formulations.assignment_common import Backend  # the same modelling interface
 from solver.compose.result import TooLargeError
 from solver.compose.stage_table import (GroupRestrictions, GroupStage, StageTable,
                                         in_flight_counts)
@@ -42,17 +43,6 @@ BUDGET_UNITS = 1_000_000
 MAX_LEVELS = 64  # bottleneck thresholds of the level cuts
 _HEAD = {Position.LAST, Position.ONLY}
 _FRONT = {Position.FIRST, Position.ONLY}
-
-
-class Backend(Protocol):
-    """What the shared builder needs from a modelling library."""
-
-    def new_bool(self, name: str) -> Any: ...
-    def new_value(self, name: str, hi: float) -> Any: ...
-    def coeff(self, seconds: float) -> float: ...
-    def total(self, terms: Sequence[Any]) -> Any: ...
-    def add(self, constraint: Any, name: str) -> None: ...
-    def add_max(self, target: Any, exprs: Sequence[Any], name: str) -> None: ...
 
 
 @dataclass(frozen=True)

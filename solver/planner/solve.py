@@ -36,7 +36,12 @@ def solve_table(table: LatencyTable, restrictions: Restrictions | None, kind: So
     if kind in (SolverKind.DP, SolverKind.BRUTE) or result.optimal or \
             result.status is SolveStatus.INFEASIBLE:
         return result
-    dp = compose_dp(table, restrictions, overlap)
+    return with_limit(compose_dp(table, restrictions, overlap), result)
+
+
+def with_limit(dp, result):
+    """The DP's plan reported as ``result``'s (a solve stopped at its limit): its solver, status,
+    time, bound and the gap of that bound to the DP's objective; never proven."""
     gap = None
     if result.bound is not None and dp.objective:
         gap = max(0.0, (dp.objective - result.bound) / dp.objective)
@@ -88,11 +93,7 @@ def solve_stage_table(table: StageTable, restrictions: GroupRestrictions | None,
         raise InputError("<cli>", "--solver", f"{kind.value}: {exc}") from None
     if result.optimal and (result.feasible or not dp.feasible):
         return result
-    gap = None
-    if result.bound is not None and dp.objective:
-        gap = max(0.0, (dp.objective - result.bound) / dp.objective)
-    return replace(dp, solver=result.solver, optimal=False, status=result.status,
-                   time_s=result.time_s + dp.time_s, bound=result.bound, gap=gap)
+    return with_limit(dp, result)
 
 
 def _solve_model(table: StageTable, restrictions: GroupRestrictions | None, kind: SolverKind,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
@@ -263,12 +264,22 @@ def plan_with_targets(job: JobSpec, config: PlannerConfig = PlannerConfig(),
         # Exactly what `tangram plan` did before these options existed.
         return plan_auto(job, config) if parallelizer is None else \
             plan_auto_with(job, config, parallelizer)
+    start = time.perf_counter()
     par = parallelizer or default_parallelizer(job, config)
+    before = getattr(par, "inner_calls", 0)
+    chosen = None
     if opts.min_tokens_per_s is None:
         base = SubsetPlan.of(plan_auto_with(job, config, par))
         if meets(base, opts):
-            return base.plan
-    return choose_target(subset_plans(job, config, par), opts).plan
+            chosen = base.plan
+    if chosen is None:
+        chosen = choose_target(subset_plans(job, config, par), opts).plan
+    # Report the whole search: its wall time and every parallelizer call it made (a plan of
+    # one island set alone would show only its own share, or none when cached).
+    calls = getattr(par, "inner_calls", before) - before
+    return replace(chosen, solver=replace(chosen.solver, time_s=time.perf_counter() - start,
+                                          parallelizer_calls=calls or
+                                          chosen.solver.parallelizer_calls))
 
 
 def point_json(p: SubsetPlan, objective: Objective) -> dict[str, Any]:

@@ -82,3 +82,17 @@ def test_explain_adds_up_to_the_model(capsys):
             s["memory_gb"], rel=1e-5)
     assert main(["plan", str(INSTANCES / "jobs" / "seed-llama3-70b.toml"), "--explain"]) == 0
     assert "TFLOP/micro-batch" in capsys.readouterr().out
+
+
+def test_budget_search_reports_all_its_calls(tmp_path):
+    from solver.cost.parallelizer import AnalyticParallelizer
+    from solver.planner.plancache import CachingParallelizer, MemoryStore
+    from solver.spec.loaders import load_job
+    from solver.studies.pareto import plan_with_targets
+    from tests.planner.test_planner import write_job
+    path = write_job(tmp_path, ["H100-SXM-80GB", "A100-SXM-80GB", "L40S"], layers=8, n=4)
+    path.write_text(path.read_text() + "max_usd_per_hour = 40.0\n")  # under the full cluster's
+    job = load_job(path)
+    par = CachingParallelizer(AnalyticParallelizer(), MemoryStore())
+    plan = plan_with_targets(job, parallelizer=par)
+    assert plan.solver.parallelizer_calls == par.inner_calls > 0

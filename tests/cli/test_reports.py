@@ -96,3 +96,18 @@ def test_budget_search_reports_all_its_calls(tmp_path):
     par = CachingParallelizer(AnalyticParallelizer(), MemoryStore())
     plan = plan_with_targets(job, parallelizer=par)
     assert plan.solver.parallelizer_calls == par.inner_calls > 0
+
+
+def test_bench_agree_column_says_not_proven_for_a_limit_hit():
+    from types import SimpleNamespace as NS
+    from solver.cli.commands.bench import _agree_cell
+    from solver.studies.bench import SolverStatus
+
+    def run(value, status):
+        return NS(objective_s=value, status=status)
+    ok = [run(2.0, SolverStatus.OPTIMAL)] * 3
+    assert _agree_cell(NS(agree=True, solvers=ok)) == "yes"
+    limited = ok[:2] + [run(2.0, SolverStatus.LIMIT)]
+    assert _agree_cell(NS(agree=False, solvers=limited)) == "not proven"
+    wrong = ok[:2] + [run(2.5, SolverStatus.OPTIMAL)]
+    assert _agree_cell(NS(agree=False, solvers=wrong)) == "NO"

@@ -111,11 +111,22 @@ def text_row(row: BenchRow, options: BenchOptions) -> dict:
     for s in row.solvers:
         out[s.solver] = solver_cell(s)
     if options.solvers and len(options.solvers) > 1:
-        out["agree"] = {True: "yes", False: "NO", None: "-"}[row.agree]
+        out["agree"] = _agree_cell(row)
     for b in row.baselines:
         out[b.name] = "infeas." if b.tokens_per_s is None else (
             "n/a" if b.relative is None else f"{b.relative:.2f}")
     return out
+
+
+def _agree_cell(row) -> str:
+    """yes / not proven (a solver stopped at its limit, its value equal to the others') / NO."""
+    if row.agree is None:
+        return "-"
+    if row.agree:
+        return "yes"
+    values = {round(s.objective_s, 6) for s in row.solvers if s.objective_s is not None}
+    limited = any(s.status.value in ("limit", "unproven") for s in row.solvers)
+    return "not proven" if limited and len(values) <= 1 else "NO"
 
 
 def solver_cell(s: SolverRun) -> str:

@@ -15,14 +15,14 @@ recomputation none/selective/full and activation offload, each as the feature pr
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
-from solver.cost.frameworks import Runtime, profile, zero_choices
+from solver.cost.configs import FeatureSet, enumerate_configs, framework_features
+from solver.cost.frameworks import Runtime
 from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, ModelSlice, StageConfig
 from solver.cost.stage_costs import (
     PipelineSetting,
@@ -37,61 +37,6 @@ __all__ = ["AnalyticParallelizer", "FeatureSet", "MemoryBreakdown", "Parallelize
            "PlanContext", "StageConfig", "best_plan", "framework_features", "pipeline_time"]
 
 _ALL_RC = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
-
-
-@dataclass(frozen=True)
-class FeatureSet:
-    """What a parallelizer may use besides TP, PP and DP.
-
-    Attributes
-    ----------
-    cp, ep, offload : bool
-        Context parallelism, expert parallelism, activation offload.
-    zero : tuple[int, ...]
-        Allowed ZeRO stages.
-    recompute : tuple[Recompute, ...]
-        Allowed recomputation strategies.
-    """
-
-    cp: bool
-    ep: bool
-    zero: tuple[int, ...]
-    recompute: tuple[Recompute, ...]
-    offload: bool
-
-    @classmethod
-    def of(cls, preset: FeaturePreset) -> "FeatureSet":
-        """Capabilities after the seed note's comparison table (TP/PP/DP always on).
-
-        ``alpa``: TP/PP/DP. ``galvatron``: + CP, ZeRO, RC. ``aceso``: + RC (per operator;
-        modelled as selective or full). ``mist``: + RC, offload, ZeRO (and gradient accumulation,
-        which every preset has through micro-batching). ``metis``: TP/PP/DP, no RC, no ZeRO.
-        ``full``: everything, including EP.
-        """
-        none = (Recompute.NONE,)
-        table = {
-            FeaturePreset.FULL: cls(True, True, (0, 1, 2, 3), _ALL_RC, True),
-            FeaturePreset.ALPA: cls(False, False, (0,), none, False),
-            FeaturePreset.GALVATRON: cls(True, False, (0, 1, 2, 3), _ALL_RC, False),
-            FeaturePreset.ACESO: cls(False, False, (0,), _ALL_RC, False),
-            FeaturePreset.MIST: cls(False, False, (0, 1, 2, 3), _ALL_RC, True),
-            FeaturePreset.METIS: cls(False, False, (0,), none, False),
-        }
-        return table[preset]
-
-    @classmethod
-    def of_framework(cls, framework: Framework, pipelined: bool) -> "FeatureSet":
-        """What ``framework`` runs on a stage of a pipelined (or single-stage) plan (before the
-        ZeRO reduction of :func:`~solver.cost.frameworks.zero_choices`)."""
-        prof = profile(framework)
-        return cls(prof.cp, prof.ep, prof.zero_stages(pipelined), prof.recompute, prof.offload)
-
-    def meet(self, other: "FeatureSet") -> "FeatureSet":
-        """Features both sets allow."""
-        return FeatureSet(self.cp and other.cp, self.ep and other.ep,
-                          tuple(z for z in self.zero if z in other.zero),
-                          tuple(r for r in self.recompute if r in other.recompute),
-                          self.offload and other.offload)
 
 
 @dataclass(frozen=True)
@@ -215,99 +160,6 @@ class Parallelizer(Protocol):
     def plan(self, slice: ModelSlice, island: Island, context: PlanContext) -> list[PartialPlan]:
         """Pareto set of partial plans (empty when nothing fits)."""
         ...
-
-
-def _powers_of_two(limit: int) -> list[int]:
-    return [1 << i for i in range(limit.bit_length()) if (1 << i) <= limit]
-
-
-def _tp_options(model: ModelSpec, gpus: int) -> list[int]:
-    """TP degrees that shard heads, hidden and MLP widths evenly; KV heads split or replicate."""
-    widths = [model.hidden, model.ffn] + ([model.expert_ffn] if model.is_moe else [])
-    return [t for t in _powers_of_two(gpus)
-            if model.heads % t == 0 and all(w % t == 0 for w in widths)
-            and (model.kv_heads % t == 0 or t % model.kv_heads == 0)]
-
-
-def _layouts(slc: ModelSlice, island: Island, ctx: PlanContext, feats: FeatureSet
-             ) -> list[tuple[int, int, int, int, int]]:
-    """All consistent ``(tp, cp, pp, dp, ep)`` for the island and context."""
-    model, gpus = slc.model, island.gpus
-    cps = [c for c in _powers_of_two(gpus) if ctx.seq_len % (2 * c) == 0] if feats.cp else [1]
-    out = []
-    # A TP group never leaves a node: its per-layer collectives need NVLink (seed note, Sec. 2).
-    for tp, cp in itertools.product(_tp_options(model, min(gpus, island.gpus_per_node)), cps):
-        if gpus % (tp * cp):
-            continue
-        rest = gpus // (tp * cp)
-        for pp in range(1, min(ctx.max_pp, slc.layers, rest) + 1):
-            dp = rest // pp
-            if rest % pp or ctx.micro_batch % dp:
-                continue
-            eps = [e for e in range(1, model.experts + 1)
-                   if model.experts % e == 0 and (dp * cp) % e == 0] if feats.ep and model.is_moe else [1]
-            out.extend((tp, cp, pp, dp, ep) for ep in eps)
-    return out
-
-
-def enumerate_configs(slc: ModelSlice, island: Island, ctx: PlanContext, feats: FeatureSet
-                      ) -> ConfigArrays:
-    """Every configuration of the space, as arrays (layouts x ZeRO x recompute x offload).
-
-    With ``ctx.framework`` the features are met with its profile, row by row: a whole-model
-    slice without internal pipelining is a single-stage plan, every other row is pipelined.
-    A configuration without replicas (``dp·cp = 1``) is enumerated once, as ZeRO-0.
-    """
-    feats = feats if ctx.framework is None else feats.meet(framework_features(ctx.framework))
-    base = np.array(_layouts(slc, island, ctx, feats), dtype=np.int64).reshape(-1, 5)
-    rc = np.array([RECOMPUTE_CODES.index(r) for r in feats.recompute], dtype=np.int64)
-    off = np.array([False, True] if feats.offload else [False])
-    grid = np.array(list(itertools.product(feats.zero, rc, off)), dtype=np.int64).reshape(-1, 3)
-    b = np.repeat(base, len(grid), axis=0)
-    g = np.tile(grid, (len(base), 1))
-    tp, cp, pp, dp, ep = b.T
-    replicas = dp * cp > 1
-    keep = replicas | (g[:, 0] == (feats.zero[0] if feats.zero else 0))
-    if ctx.framework is not None:
-        keep &= _zero_allowed(ctx.framework, g[:, 0], pp, slc.is_whole, feats.zero) | ~replicas
-    zero = np.where(replicas, g[:, 0], 0)
-    if ctx.constraints is not None:
-        keep &= _constrained(ctx.constraints, b, zero, g, ctx.micro_batch // np.maximum(dp, 1))
-    return ConfigArrays(tp=tp[keep], cp=cp[keep], ep=ep[keep], pp=pp[keep], dp=dp[keep],
-                        zero=zero[keep], recompute=g[keep, 1], offload=g[keep, 2].astype(bool),
-                        micro_batch=ctx.micro_batch // dp[keep])
-
-
-def _constrained(c: Constraints, layout: np.ndarray, zero: np.ndarray, grid: np.ndarray,
-                 micro: np.ndarray) -> np.ndarray:
-    """Rows the user's constraints allow (``layout`` columns tp, cp, pp, dp, ep)."""
-    ok = np.ones(len(zero), dtype=bool)
-    for allowed, column in ((c.tp, layout[:, 0]), (c.cp, layout[:, 1]), (c.ep, layout[:, 4]),
-                            (c.micro_batch, micro)):
-        if allowed is not None:
-            ok &= np.isin(column, allowed)
-    if c.zero is not None:  # without replicas every ZeRO stage is ZeRO-0
-        ok &= np.isin(zero, c.zero) | (layout[:, 3] * layout[:, 1] == 1)
-    if c.recompute is not None:
-        ok &= np.isin(grid[:, 1], [RECOMPUTE_CODES.index(r) for r in c.recompute])
-    if c.offload is False:
-        ok &= grid[:, 2] == 0
-    return ok
-
-
-def framework_features(framework: Framework) -> FeatureSet:
-    """The framework's features over pipelined and single-stage plans (ZeRO: the union)."""
-    a, b = FeatureSet.of_framework(framework, True), FeatureSet.of_framework(framework, False)
-    return FeatureSet(a.cp, a.ep, tuple(sorted(set(a.zero) | set(b.zero))), a.recompute,
-                      a.offload)
-
-
-def _zero_allowed(framework: Framework, zero: np.ndarray, pp: np.ndarray, whole: bool,
-                  allowed: tuple[int, ...]) -> np.ndarray:
-    """Rows whose ZeRO stage the framework runs at their pipelining (within ``allowed``)."""
-    single = np.isin(zero, zero_choices(profile(framework), False, allowed))
-    piped = np.isin(zero, zero_choices(profile(framework), True, allowed))
-    return np.where((pp == 1) & whole, single, piped)
 
 
 def pareto_mask(groups: np.ndarray, objectives: np.ndarray) -> np.ndarray:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from solver.cost.parallelizer import (FeatureSet, PartialPlan, PlanContext, _plans, _SliceBatch,
-                                      _zero_allowed, enumerate_configs)
+from solver.cost.configs import FeatureSet, _zero_allowed, enumerate_configs
+from solver.cost.parallelizer import PartialPlan, PlanContext, _plans, _SliceBatch
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, StageCosts, in_flight_capacity, stage_costs
 from solver.spec.domain import Island, ModelSpec

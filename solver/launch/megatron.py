@@ -52,7 +52,6 @@ def megatron_args(plan: Plan) -> list[str]:
 
 def _split(plan: Plan, layers: list[int]) -> dict[str, object]:
     """Layer-split flags for per-stage layer counts ``layers``."""
-    pp = len(layers)
     if plan.virtual_stages > 1:
         if len(set(layers)) > 1:
             raise NotExpressible("interleaving needs equal stages in Megatron-LM")

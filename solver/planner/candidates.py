@@ -22,8 +22,8 @@ import numpy as np
 
 from solver.compose.stage_table import UNLIMITED, IslandSlots, Options, StageTable
 from solver.compose.table import Position
-from solver.cost.parallelizer import (FeatureSet, Parallelizer, PartialPlan, PlanContext,
-                                      _layouts)
+from solver.cost.configs import FeatureSet, _layouts
+from solver.cost.parallelizer import Parallelizer, PartialPlan, PlanContext
 from solver.cost.stage import ModelSlice
 from solver.islands import group_island
 from solver.spec.domain import Island, ModelSpec

@@ -6,75 +6,16 @@ objects here only derive values (parameter counts, node lists) from already-vali
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from solver.spec.constraints import Constraints
+from solver.spec.enums import FeaturePreset, Framework, Precision, Recompute, Schedule, SolverKind
 from solver.spec.model import ModelSpec
 
 __all__ = ["ClusterSpec", "Constraints", "FeaturePreset", "Framework", "GPUSpec", "Island", "JobSpec",
            "ModelSpec", "Node", "NodeGroup", "PlannerOptions", "Precision", "Recompute",
            "Schedule", "SolverKind", "TrainingSpec"]
-
-
-class Recompute(enum.Enum):
-    """Activation recomputation strategy (Korthikanti et al. 2022)."""
-
-    NONE = "none"
-    SELECTIVE = "selective"
-    FULL = "full"
-
-
-class Schedule(enum.Enum):
-    """Pipeline schedule inside an island."""
-
-    ONE_F_ONE_B = "1f1b"
-    GPIPE = "gpipe"
-    INTERLEAVED = "interleaved"
-
-
-class Precision(enum.Enum):
-    """Training precision of the GEMMs (``[training] precision``).
-
-    ``fp8``: Transformer Engine FP8 GEMMs on GPUs that have FP8, BF16 elsewhere (FP16 on GPUs
-    without BF16); ``bf16``: BF16 everywhere it exists (FP16 with loss scaling on V100);
-    ``fp16``: FP16 everywhere.
-    """
-
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP8 = "fp8"
-
-
-class Framework(enum.Enum):
-    """The training software a plan is for (``[planner] framework``; see
-    :mod:`solver.cost.frameworks` for what each runs and overlaps)."""
-
-    FLAGSCALE = "flagscale"
-    MEGATRON_CORE = "megatron-core"
-    MEGATRON_2021 = "megatron-2021"
-    DEEPSPEED = "deepspeed"
-    FSDP = "fsdp"
-
-
-class FeaturePreset(enum.Enum):
-    """Capability sets of the homogeneous parallelizers in the seed note's comparison table."""
-
-    FULL = "full"
-    ALPA = "alpa"
-    GALVATRON = "galvatron"
-    ACESO = "aceso"
-    MIST = "mist"
-    METIS = "metis"
-
-
-class SolverKind(enum.Enum):
-    """Composition algorithm."""
-
-    DP = "dp"
-    CPSAT = "cpsat"
-    MILP = "milp"
-    BRUTE = "brute"
 
 
 @dataclass(frozen=True)
@@ -288,59 +229,6 @@ class TrainingSpec:
     def tokens(self) -> int:
         """Tokens per iteration."""
         return self.global_batch * self.seq_len
-
-
-@dataclass(frozen=True)
-class Constraints:
-    """The user's limits on the search (``[constraints]`` of a job); None: unconstrained.
-
-    Every solver honours them: the per-stage ones shape the stage table all solvers compose,
-    ``max_stages`` and ``islands`` restrict the composition itself.
-
-    Attributes
-    ----------
-    tp, cp, ep, zero : tuple[int, ...] | None
-        Allowed degrees / ZeRO stages of every stage.
-    recompute : tuple[Recompute, ...] | None
-        Allowed recomputation.
-    offload : bool | None
-        False forbids activation offload.
-    micro_batch : tuple[int, ...] | None
-        Allowed sequences per micro-batch per data-parallel rank (Megatron's
-        ``--micro-batch-size``).
-    schedule : tuple[Schedule, ...] | None
-        Allowed pipeline schedules (``1f1b``, ``interleaved``).
-    virtual_stages : tuple[int, ...] | None
-        Allowed model chunks per GPU of the interleaved schedule.
-    max_stages : int | None
-        At most this many pipeline stages (sub-stages of an internal pipeline count).
-    islands, exclude_islands : tuple[str, ...] | None
-        Islands (by name, or by GPU type) to use only / to leave out.
-    """
-
-    tp: tuple[int, ...] | None = None
-    cp: tuple[int, ...] | None = None
-    ep: tuple[int, ...] | None = None
-    zero: tuple[int, ...] | None = None
-    recompute: tuple["Recompute", ...] | None = None
-    offload: bool | None = None
-    micro_batch: tuple[int, ...] | None = None
-    schedule: tuple["Schedule", ...] | None = None
-    virtual_stages: tuple[int, ...] | None = None
-    max_stages: int | None = None
-    islands: tuple[str, ...] | None = None
-    exclude_islands: tuple[str, ...] | None = None
-
-    def allows_island(self, island: "Island") -> bool:
-        """Whether ``island`` may be used (matched by its name or its GPU type)."""
-        names = {island.name, island.gpu.name}
-        if self.islands is not None and not names & set(self.islands):
-            return False
-        return not (self.exclude_islands and names & set(self.exclude_islands))
-
-    def allows_schedule(self, schedule: "Schedule") -> bool:
-        """Whether plans with ``schedule`` may be made."""
-        return self.schedule is None or schedule in self.schedule
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import solver.compose.group_dp as group_dp
+import solver.compose.group_pass as group_pass
 import solver.compose.stage_table as stage_table
 from solver.cli.main import main
 from solver.cost.parallelizer import (
@@ -155,8 +155,8 @@ def test_paper_memory_check_gives_oom_plan_ours_does_not(tmp_path, monkeypatch):
     ours = plan_job(job)
     validate(ours, job)
     # The paper's check: every stage sized as if it held one micro-batch (no 1F1B in-flight).
-    monkeypatch.setattr(group_dp, "level_in_flight", lambda depth, n: np.ones(depth, np.int64))
-    for module in (group_dp, stage_table):
+    monkeypatch.setattr(group_pass, "level_in_flight", lambda depth, n: np.ones(depth, np.int64))
+    for module in (group_pass, stage_table):
         monkeypatch.setattr(module, "in_flight_counts", lambda depth, n: [1] * depth)
     with pytest.raises(PlanInvalid, match="micro-batches in flight"):
         plan_job(job)

@@ -1,0 +1,62 @@
+"""The user's limits on the search: the ``[constraints]`` table of a job."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: domain imports this module
+    from solver.spec.domain import Island, Recompute, Schedule
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """The user's limits on the search (``[constraints]`` of a job); None: unconstrained.
+
+    Every solver honours them: the per-stage ones shape the stage table all solvers compose,
+    ``max_stages`` and ``islands`` restrict the composition itself.
+
+    Attributes
+    ----------
+    tp, cp, ep, zero : tuple[int, ...] | None
+        Allowed degrees / ZeRO stages of every stage.
+    recompute : tuple[Recompute, ...] | None
+        Allowed recomputation.
+    offload : bool | None
+        False forbids activation offload.
+    micro_batch : tuple[int, ...] | None
+        Allowed sequences per micro-batch per data-parallel rank (Megatron's
+        ``--micro-batch-size``).
+    schedule : tuple[Schedule, ...] | None
+        Allowed pipeline schedules (``1f1b``, ``interleaved``).
+    virtual_stages : tuple[int, ...] | None
+        Allowed model chunks per GPU of the interleaved schedule.
+    max_stages : int | None
+        At most this many pipeline stages (sub-stages of an internal pipeline count).
+    islands, exclude_islands : tuple[str, ...] | None
+        Islands (by name, or by GPU type) to use only / to leave out.
+    """
+
+    tp: tuple[int, ...] | None = None
+    cp: tuple[int, ...] | None = None
+    ep: tuple[int, ...] | None = None
+    zero: tuple[int, ...] | None = None
+    recompute: tuple["Recompute", ...] | None = None
+    offload: bool | None = None
+    micro_batch: tuple[int, ...] | None = None
+    schedule: tuple["Schedule", ...] | None = None
+    virtual_stages: tuple[int, ...] | None = None
+    max_stages: int | None = None
+    islands: tuple[str, ...] | None = None
+    exclude_islands: tuple[str, ...] | None = None
+
+    def allows_island(self, island: "Island") -> bool:
+        """Whether ``island`` may be used (matched by its name or its GPU type)."""
+        names = {island.name, island.gpu.name}
+        if self.islands is not None and not names & set(self.islands):
+            return False
+        return not (self.exclude_islands and names & set(self.exclude_islands))
+
+    def allows_schedule(self, schedule: "Schedule") -> bool:
+        """Whether plans with ``schedule`` may be made."""
+        return self.schedule is None or schedule in self.schedule

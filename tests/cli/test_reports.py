@@ -111,3 +111,20 @@ def test_bench_agree_column_says_not_proven_for_a_limit_hit():
     assert _agree_cell(NS(agree=False, solvers=limited)) == "not proven"
     wrong = ok[:2] + [run(2.5, SolverStatus.OPTIMAL)]
     assert _agree_cell(NS(agree=False, solvers=wrong)) == "NO"
+
+
+def test_verify_shows_progress_on_a_terminal(tmp_path, capsys):
+    import argparse
+    import io
+
+    from rich.console import Console
+
+    from solver.cli.commands import verify
+    from tests.planner.test_planner import write_job
+    path = write_job(tmp_path, ["H100-SXM-80GB", "A100-SXM-80GB"], layers=4, n=4)
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=100)
+    args = argparse.Namespace(job=str(path), json=False, stable_json=False)
+    assert verify.run(args, console=console) == 0
+    assert "verify:" in screen.getvalue() and "7/7" in screen.getvalue()
+    assert capsys.readouterr().err == ""  # no progress drawn on a non-terminal stderr

@@ -26,15 +26,32 @@ def _n_micro(job) -> int:
     return plan_auto(job).n_micro
 
 
-def run(args: argparse.Namespace) -> int:
-    """Print the ablation table and the solver cross-check."""
+def progress(console=None):
+    """A progress display for the 7 steps of ``verify`` (6 ablation rows, the cross-check) on
+    stderr, when it is a terminal (``rich``); ``console`` overrides where it draws."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    console = console or Console(stderr=True)
+    return Progress(TextColumn("verify: {task.description}"), BarColumn(),
+                    TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                    console=console, transient=True, disable=not console.is_terminal)
+
+
+def run(args: argparse.Namespace, console=None) -> int:
+    """Print the ablation table and the solver cross-check (progress on a terminal's stderr)."""
     job = load_job(args.job)
     n = _n_micro(job)
     done = []
     try:
-        for row in ablation_rows(job, n):
-            done.append(row)
-        solvers = cross_check(job, n)
+        with progress(console) as bar:
+            task = bar.add_task("unpruned run", total=7)
+            for row in ablation_rows(job, n):
+                done.append(row)
+                bar.update(task, advance=1, description=f"rules {row.rules.label} next"
+                           if len(done) > 1 else "rule sets")
+            bar.update(task, description="DP, CP-SAT and MILP")
+            solvers = cross_check(job, n)
+            bar.update(task, advance=1)
     except KeyboardInterrupt:
         if done:
             print(render_table(_text_rows(done[0], done[1:])))

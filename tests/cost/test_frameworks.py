@@ -124,7 +124,7 @@ def test_no_shipped_plan_uses_what_its_framework_cannot_run(name):
 def test_no_plan_of_the_whole_bench_suite_breaks_its_framework():
     from solver.studies.bench import SUITE
     for path in sorted(SUITE.glob("*.toml")):
-        if path.stem not in FAST_JOBS:
+        if path.stem not in FAST_JOBS and path.stem != "fleet-8448-llama3-70b":  # minutes
             _check_job(path.stem)
 
 

@@ -100,3 +100,22 @@ def test_flagscale_refuses_what_hetero_mode_cannot_run(seed):
     job, plan = seed
     with pytest.raises(NotExpressible, match="virtual pipeline"):
         flagscale_config(replace(plan, virtual_stages=2))
+
+
+@pytest.mark.slow
+def test_every_shipped_job_exports_or_says_why():
+    """Every shipped job's plan (fleet-8448 aside: it plans for minutes) exports to FlagScale, and
+    to Megatron-LM or a one-line reason it cannot."""
+    from solver.launch.flagscale import flagscale_yaml
+    from solver.studies.sweep import plan_auto
+    for path in sorted((INSTANCES / "jobs").glob("*.toml")):
+        if path.stem == "fleet-8448-llama3-70b":
+            continue
+        plan = plan_auto(load_job(path))
+        doc = yaml.safe_load(flagscale_yaml(plan))
+        assert sum(doc["system"]["hetero"]["hetero_pipeline_layer_split"]) == plan.job.model.layers
+        try:
+            args = megatron_args(plan)
+            assert any(a.startswith("--tensor-model-parallel-size") for a in args)
+        except NotExpressible as exc:
+            assert "\n" not in str(exc) and str(exc)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -48,6 +48,19 @@ class _Prep:
     allowed: np.ndarray     # (2^K,) allowed final island sets
     link: np.ndarray        # (K, G, K, G) boundary seconds, inf where banned or absent
     sorted_opts: dict       # (k, gi, pos) -> (lat, it, cap, column order) by capacity, desc.
+    pool: list = field(default_factory=list, compare=False, repr=False)
+    # Level arrays reused pass after pass: only the latest pass is ever backtracked (its levels
+    # are read before the next pass starts), and warm memory fills far faster than fresh pages.
+
+    def level_arrays(self, i: int, shape: tuple[int, ...]) -> np.ndarray:
+        """The ``i``-th level array of the current pass, of ``shape``, filled with inf."""
+        while len(self.pool) <= i:
+            self.pool.append({})
+        arr = self.pool[i].get(shape)
+        if arr is None:
+            arr = self.pool[i][shape] = np.empty(shape)
+        arr.fill(_INF)
+        return arr
 
     @property
     def caps(self) -> tuple[int, ...]:
@@ -204,7 +217,9 @@ def _run_pass(prep: _Prep, kern: _Kernels, cap: float, mode: Mode, budget: float
     big_l = t.layers
     w_shape = (1 << big_k, big_k, big_g, big_l + 1)
     x_shape = (big_k, prep.masks.shape[1], int(prep.units.max()) + 1, big_g, big_l + 1)
-    w, x = np.full(w_shape, _INF), np.full(x_shape, _INF)
+    # Level arrays come from the prep's pool: a new pass reuses the previous pass's arrays,
+    # which nobody reads any more (only the latest pass is backtracked, before the next runs).
+    w, x = prep.level_arrays(0, w_shape), prep.level_arrays(1, x_shape)
     ps = _Pass(kern, cap, mode, [w], [x], _INF, None)
     sum_mode = mode is Mode.SUM
     dmax = _lengths_under(kern, cap)
@@ -214,7 +229,8 @@ def _run_pass(prep: _Prep, kern: _Kernels, cap: float, mode: Mode, budget: float
     elif not sum_mode:
         rest = np.zeros(big_l + 1)
     for j in range(prep.depth):
-        new_w, new_x = np.full(w_shape, _INF), np.full(x_shape, _INF)
+        new_w = prep.level_arrays(2 * j + 2, w_shape)
+        new_x = prep.level_arrays(2 * j + 3, x_shape)
         best = np.array([_INF, -1, -1, -1, -1])
         level_step(j, w, x, kern.tau, dmax, prep.link, prep.gu, prep.ngroups, prep.units,
                    prep.masks, prep.nmask, prep.allowed, cap, sum_mode, prep.overlap, new_w,

@@ -19,8 +19,6 @@ the per-iteration terms.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from solver.compose.table import Position
 from solver.cost.frameworks import interleaving_allowed, profile
 from solver.cost.parallelizer import Parallelizer, PartialPlan, PlanContext
@@ -132,8 +130,3 @@ def _decode(job: JobSpec, found, islands: IslandSet, view: str, island: Island) 
                  if x.node_id not in busy)
     info = SolverInfo("interleaved", True, 0.0, 0)
     return Plan(job, islands, (stage,), (), n, job.planner.overlap, info, idle, view, v)
-
-
-def with_solver(plan: Plan, solver: SolverInfo) -> Plan:
-    """``plan`` reporting the search that found it (the caller's timing and proof)."""
-    return replace(plan, solver=solver)

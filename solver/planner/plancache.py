@@ -28,7 +28,6 @@ import hashlib
 import importlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -42,6 +41,7 @@ from solver.cost.parallelizer import (
 )
 from solver.cost.stage import ModelSlice, StageConfig
 from solver.spec.domain import Island, ModelSpec, Recompute
+from solver.spec.fields import write_atomic
 
 #: Version of the entry format and of the key's meaning; bump when either changes.
 CACHE_FORMAT = 2
@@ -240,11 +240,8 @@ class DirectoryStore:
         target.parent.mkdir(parents=True, exist_ok=True)
         payload = {"format": CACHE_FORMAT, "key": json.loads(key.text),
                    "columns": list(PLAN_COLUMNS), "plans": [plan_to_row(p) for p in plans]}
-        fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            # dumps (C encoder) then one write: json.dump encodes in Python, 5x slower here.
-            fh.write(json.dumps(payload, separators=(",", ":")))
-        os.replace(tmp, target)
+        # dumps (C encoder) then one write: json.dump encodes in Python, 5x slower here.
+        write_atomic(target, json.dumps(payload, separators=(",", ":")))
 
 
 @dataclass

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 import tomllib
 from pathlib import Path
 from types import MappingProxyType
@@ -35,6 +37,16 @@ def _read_text(path: Path) -> str:
     except OSError as exc:
         reason = exc.strerror or "cannot be read"
     raise InputError(str(path), "<file>", f"cannot read: {reason}")
+
+
+def write_atomic(path: Path | str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename, so a reader never sees
+    a half-written file (and a failed write leaves the old one)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
 
 
 def closest(name: str, names) -> str:

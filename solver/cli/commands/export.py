@@ -6,15 +6,13 @@ the plan, with one line saying why."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from solver.launch import NotExpressible, flagscale_yaml, megatron_args
 from solver.planner.plan import Plan
 from solver.spec.errors import InputError
-from solver.spec.fields import read_json
+from solver.spec.fields import read_json, write_atomic
 from solver.spec.loaders import load_job
 
 TARGETS = ("flagscale", "megatron")
@@ -57,10 +55,7 @@ def emit(plan: Plan, target: str, output: str | None) -> int:
         sys.stdout.write(text)
         return 0
     path = Path(output)
-    if path.parent and not path.parent.is_dir():
+    if not path.parent.is_dir():
         raise InputError("<cli>", "-o", f"directory {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    write_atomic(path, text)
     return 0

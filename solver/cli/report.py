@@ -69,3 +69,30 @@ def emit_json(payload: Any, args: Any) -> None:
     if getattr(args, "stable_json", False):
         payload = without_wall_clock(payload)
     sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+
+
+def compact_ids(ids: list[str]) -> str:
+    """``a100-0..a100-3, h100-7``: consecutive node ids of one prefix as ranges."""
+    runs: list[list] = []
+    for node in ids:
+        prefix, _, num = node.rpartition("-")
+        if num.isdigit() and runs and runs[-1][0] == prefix and runs[-1][2] == int(num) - 1:
+            runs[-1][2] = int(num)
+        else:
+            runs.append([prefix, int(num), int(num)] if num.isdigit() else [node, None, None])
+    return ", ".join(r[0] if r[1] is None else f"{r[0]}-{r[1]}" if r[1] == r[2]
+                     else f"{r[0]}-{r[1]}..{r[0]}-{r[2]}" for r in runs)
+
+
+def stage_rows(plan) -> list[dict]:
+    """One table row per pipeline stage of ``plan``."""
+    rows = []
+    for s in plan.stages:
+        c = s.plan.config
+        rows.append({"island": s.island.name, "gpu": s.island.gpu.name,
+                     "nodes": compact_ids(s.node_ids), "gpus": s.gpus,
+                     "layers": f"[{s.start}, {s.end})", "tp": c.tp, "cp": c.cp, "ep": c.ep,
+                     "pp": c.pp, "dp": c.dp, "zero": c.zero, "recompute": c.recompute.value,
+                     "offload": "yes" if c.offload else "no", "mb/rank": c.micro_batch,
+                     "latency ms": s.plan.latency_s * 1e3, "mem GB": s.plan.memory_gb})
+    return rows

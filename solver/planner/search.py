@@ -144,6 +144,11 @@ def start_run(job: JobSpec, config: PlannerConfig, n_micro: int | None = None,
     return PlanningRun(job, config, isl, cache, link_model(job, micro), n, view)
 
 
+def job_islands(job: JobSpec) -> IslandSet:
+    """Algorithm 1's islands of the job's cluster, after its ``[constraints]``."""
+    return _allowed_islands(job, build_islands(job.cluster, Thresholds.of(job.planner)))
+
+
 def _allowed_islands(job: JobSpec, isl: IslandSet) -> IslandSet:
     """``isl`` without the islands ``[constraints]`` leaves out (one-line error when a named
     island does not exist, or none is left)."""
@@ -177,13 +182,17 @@ def views(job: JobSpec, config: PlannerConfig, n: int,
 
 
 def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int | None = None,
-             parallelizer: Parallelizer | None = None, run: PlanningRun | None = None) -> Plan:
+             parallelizer: Parallelizer | None = None, run: PlanningRun | None = None,
+             upper: float = math.inf) -> Plan:
     """Plan ``job`` exactly (``n_micro`` searched unless fixed); validated before it is returned.
+
+    ``upper``: only plans faster than this many seconds per iteration are sought (the search
+    cuts everything else); the optimum is returned when it is faster.
 
     Raises
     ------
     InfeasibleError
-        Nothing fits; the message names the tightest limit.
+        Nothing fits (or nothing beats ``upper``); the message names the tightest limit.
     """
     from solver.planner.micro import candidate_n_micro
     start = time.perf_counter()
@@ -195,14 +204,14 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
     plain = job.constraints.allows_schedule(Schedule.ONE_F_ONE_B)  # else interleaved only
     for n in ns:
         for r in ([run] if run is not None else views(job, config, n, par)):
-            bar = best[0].total * (1 - REL_TIE) if best is not None else math.inf
+            bar = best[0].total * (1 - REL_TIE) if best is not None else upper
             found = search(r, bar) if plain else None
             calls += r.cache.calls
             tried.append(r)
             proven = proven and (found is None or found.optimal)
             if found is not None and found.result.feasible and found.total < bar:
                 best = (found, r)
-    bar = best[0].total * (1 - REL_TIE) if best is not None else math.inf
+    bar = best[0].total * (1 - REL_TIE) if best is not None else upper
     seen = {r.view: r.islands for r in tried}
     alt = best_interleaved(job, config.features or job.planner.features, ns, par, bar,
                            [(isl, view) for view, isl in seen.items()])

@@ -35,6 +35,9 @@ class Constraints:
         At most this many pipeline stages (sub-stages of an internal pipeline count).
     islands, exclude_islands : tuple[str, ...] | None
         Islands (by name, or by GPU type) to use only / to leave out.
+    max_replicas : int | None
+        At most this many pipeline replicas across islands (``1``: one pipeline; None:
+        unlimited, see :mod:`solver.planner.replicas`).
     """
 
     tp: tuple[int, ...] | None = None
@@ -49,6 +52,7 @@ class Constraints:
     max_stages: int | None = None
     islands: tuple[str, ...] | None = None
     exclude_islands: tuple[str, ...] | None = None
+    max_replicas: int | None = None
 
     def allows_island(self, island: "Island") -> bool:
         """Whether ``island`` may be used (matched by its name or its GPU type)."""

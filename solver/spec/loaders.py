@@ -254,7 +254,8 @@ def _constraints(f: Fields) -> Constraints:
         schedule=_enum_list(f, "schedule", Schedule),
         virtual_stages=_int_list(f, "virtual_stages", 2, 4096),
         max_stages=f.get("max_stages", int, None, lo=1, hi=MAX_LAYERS),
-        islands=_str_list(f, "islands"), exclude_islands=_str_list(f, "exclude_islands"))
+        islands=_str_list(f, "islands"), exclude_islands=_str_list(f, "exclude_islands"),
+        max_replicas=f.get("max_replicas", int, None, lo=1, hi=4096))
     f.check("schedule", out.schedule is None or Schedule.GPIPE not in out.schedule,
             "the planner makes 1f1b and interleaved plans (gpipe is not searched)")
     f.done()

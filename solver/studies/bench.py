@@ -25,6 +25,7 @@ from solver.islands import Thresholds, build_islands
 from solver.planner.baselines import Baseline, plan_baseline
 from solver.planner.plan import Plan, _r
 from solver.planner.pruning import Rule
+from solver.planner.replicas import ReplicaOptions, plan_replicas
 from solver.planner.search import PlannerConfig, PlanningRun, plan_job, start_run
 from solver.planner.validate import PlanInvalid
 from solver.spec.domain import JobSpec, SolverKind
@@ -107,11 +108,42 @@ class BenchOptions:
         Also plan the oblivious and restricted baselines.
     time_limit_s : float | None
         CP-SAT / MILP time limit per solve (None: the job's).
+    replicas : bool
+        Also search pipeline replicas across islands (:mod:`solver.planner.replicas`).
+    replica_time_limit_s : float
+        Time limit of that search.
     """
 
     solvers: tuple[SolverKind, ...] = ()
     baselines: bool = False
     time_limit_s: float | None = None
+    replicas: bool = False
+    replica_time_limit_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class ReplicaRun:
+    """The replica search on one job.
+
+    Attributes
+    ----------
+    count : int
+        Replicas of the best plan (1: the single pipeline won).
+    shares : tuple[int, ...]
+        Sequences per replica.
+    tokens_per_s : float
+        Throughput of the best plan.
+    time_s : float
+        Wall time of the search (after the single-pipeline plan).
+    optimal : bool
+        The search was exact (every island partition settled).
+    """
+
+    count: int
+    shares: tuple[int, ...]
+    tokens_per_s: float
+    time_s: float
+    optimal: bool
 
 
 @dataclass(frozen=True)
@@ -148,6 +180,8 @@ class BenchRow:
         All solvers proved the same answer (None unless at least two ran).
     baselines : tuple[BaselineRun, ...]
         Figure 7 comparison (empty unless asked).
+    replicas : ReplicaRun | None
+        The replica search (None unless asked, or without a plan).
     """
 
     job: str
@@ -166,6 +200,7 @@ class BenchRow:
     solvers: tuple[SolverRun, ...] = ()
     agree: bool | None = None
     baselines: tuple[BaselineRun, ...] = ()
+    replicas: ReplicaRun | None = None
 
 
 def suite_paths(jobs: Sequence[str] = ()) -> list[Path]:
@@ -308,7 +343,17 @@ def bench_job(path: Path | str, options: BenchOptions = BenchOptions()) -> Bench
         row = replace(row, solvers=runs, agree=agreement(runs))
     if options.baselines:
         row = replace(row, baselines=baseline_runs(job, plan, note))
+    if options.replicas and plan is not None and job.constraints.max_replicas != 1:
+        row = replace(row, replicas=replica_run(job, plan, config, options.replica_time_limit_s))
     return row
+
+
+def replica_run(job: JobSpec, plan: Plan, config: PlannerConfig, limit: float) -> ReplicaRun:
+    """The replica search over ``plan`` (validated by the search)."""
+    start = time.perf_counter()
+    rp = plan_replicas(job, plan, config, options=ReplicaOptions(time_limit_s=limit))
+    return ReplicaRun(len(rp.replicas), rp.shares, rp.tokens_per_s,
+                      time.perf_counter() - start, rp.solver.optimal)
 
 
 def _row(job: JobSpec, plan: Plan | None, note: str, elapsed: float) -> BenchRow:
@@ -342,6 +387,10 @@ def row_json(row: BenchRow) -> dict[str, Any]:
         "baselines": {b.name: {"tokens_per_s": _opt(b.tokens_per_s, 6),
                                "relative": _opt(b.relative, 4), "infeasible": b.note or None}
                       for b in row.baselines} or None,
+        "replicas": None if row.replicas is None else {
+            "count": row.replicas.count, "shares": list(row.replicas.shares),
+            "tokens_per_s": _r(row.replicas.tokens_per_s, 6),
+            "time_s": _r(row.replicas.time_s, 4), "optimal": row.replicas.optimal},
     }
 
 

@@ -179,6 +179,10 @@ def previous_plan(payload: Any, job: JobSpec, source: str) -> Plan:
         The plan does not belong to the job (islands, stages, configuration, objective).
     """
     f = Fields(payload, source)
+    replicas = f.get("replicas", list, [])
+    f.check("replicas", len(replicas) <= 1,
+            f"the plan has {len(replicas)} pipeline replicas; only single-pipeline plans are "
+            "re-read (plan with [constraints] max_replicas = 1)")
     view = f.get("view", str, "islands", choices=("islands", "whole cluster"))
     isl = whole_cluster(job.cluster) if view == "whole cluster" else \
         build_islands(job.cluster, Thresholds.of(job.planner))

@@ -60,7 +60,7 @@ def hopeless(tmp_path):
 
 ROW_KEYS = {"job", "gpus", "islands", "split", "n_micro", "tokens_per_s", "iteration_time_s",
             "bubble_ratio", "planning_time_s", "parallelizer_calls", "parallelizer_calls_unpruned",
-            "optimal", "infeasible", "solvers", "agree", "baselines"}
+            "optimal", "infeasible", "solvers", "agree", "baselines", "replicas"}
 
 
 def test_row_fields_and_split(three):
@@ -208,3 +208,12 @@ def test_stable_json_is_byte_identical(homog, capsys):
     assert outputs[0] == outputs[1]
     row = json.loads(outputs[0])["rows"][0]
     assert row["planning_time_s"] == 0.0 and row["solvers"]["milp"]["time_s"] == 0.0
+
+
+def test_replica_columns_never_below_the_single_pipeline(three):
+    row = bench_job(three, BenchOptions(replicas=True))
+    out = row_json(row)["replicas"]
+    assert out is not None and out["count"] == len(out["shares"]) >= 1
+    assert sum(out["shares"]) == load_job(three).training.global_batch
+    assert row.replicas.tokens_per_s >= row.tokens_per_s * (1 - 1e-12)
+    assert row_json(bench_job(three))["replicas"] is None  # only when asked

@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also plan the oblivious and restricted baselines (Figure 7)")
     p.add_argument("--time-limit", type=float, metavar="S",
                    help="CP-SAT/MILP time limit per solve (s)")
+    p.add_argument("--replicas", action="store_true",
+                   help="also search pipeline replicas across islands (columns R, shares, "
+                        "tokens/s R)")
     p.set_defaults(func=run)
 
 
@@ -61,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     """Bench the jobs; print the table or JSON (partial on Ctrl-C, exit 130)."""
     if args.time_limit is not None and not args.time_limit > 0:
         raise InputError("<cli>", "--time-limit", f"must be positive, got {args.time_limit}")
-    options = BenchOptions(parse_solvers(args.solvers), args.baselines, args.time_limit)
+    options = BenchOptions(parse_solvers(args.solvers), args.baselines, args.time_limit,
+                           replicas=args.replicas)
     paths = suite_paths(args.jobs)
     rows: list[BenchRow] = []
     status = 0
@@ -115,6 +119,13 @@ def text_row(row: BenchRow, options: BenchOptions) -> dict:
     for b in row.baselines:
         out[b.name] = "infeas." if b.tokens_per_s is None else (
             "n/a" if b.relative is None else f"{b.relative:.2f}")
+    if options.replicas:
+        r = row.replicas
+        out["R"] = "-" if r is None else r.count
+        out["shares"] = "-" if r is None else "/".join(map(str, r.shares))
+        out["tokens/s R"] = "-" if r is None else f"{r.tokens_per_s:,.0f}" + \
+            ("" if r.optimal else " (limit)")
+        out["R s"] = "-" if r is None else f"{r.time_s:.1f}"
     return out
 
 

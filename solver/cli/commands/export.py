@@ -11,6 +11,7 @@ from pathlib import Path
 
 from solver.launch import NotExpressible, flagscale_yaml, megatron_args
 from solver.planner.plan import Plan
+from solver.planner.replica_plan import not_exportable
 from solver.spec.errors import InputError
 from solver.spec.fields import read_json, write_atomic
 from solver.spec.loaders import load_job
@@ -32,7 +33,13 @@ def run(args: argparse.Namespace) -> int:
     """Re-validate the plan against the job, then export it."""
     from solver.studies.replan import previous_plan
     job = load_job(args.job)
-    plan = previous_plan(read_json(args.plan), job, args.plan)
+    payload = read_json(args.plan)
+    replicas = payload.get("replicas") if isinstance(payload, dict) else None
+    if isinstance(replicas, list) and len(replicas) > 1:
+        shares = [r.get("share") for r in replicas if isinstance(r, dict)]
+        print(f"cannot export to {args.to}: {not_exportable(shares)}", file=sys.stderr)
+        return 3
+    plan = previous_plan(payload, job, args.plan)
     return emit(plan, args.to, args.output)
 
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from solver.cli.report import emit_json, island_json, island_rows, render_table
+from solver.cli.report import (compact_ids, emit_json, island_json, island_rows,
+                               render_table, stage_rows)
 from solver.planner.baselines import Baseline, plan_baseline
 from solver.planner.plan import Plan, plan_json
+from solver.planner.replica_plan import ReplicatedPlan, replicated_json
+from solver.planner.replicas import ReplicaOptions, plan_replicas
 from solver.planner.search import PlannerConfig
 from solver.spec.domain import FeaturePreset, SolverKind
 from solver.spec.errors import InputError
@@ -36,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--emit", choices=("flagscale", "megatron"),
                    help="print the plan as FlagScale YAML or Megatron-LM arguments instead")
     p.add_argument("-o", "--output", metavar="FILE", help="with --emit: write to FILE")
+    p.add_argument("--replica-time-limit", type=float, metavar="S",
+                   help="time limit of the search over pipeline replicas across islands "
+                        "(default 30 s; the plan says when it stops before a proof)")
     p.set_defaults(func=run)
 
 
@@ -59,9 +65,30 @@ def make_plan(args: argparse.Namespace) -> Plan:
     return plan_with_targets(job, config, parallelizer)
 
 
+def search_replicas(args: argparse.Namespace, plan: Plan) -> ReplicatedPlan | None:
+    """The replica search over ``plan`` (None for a baseline, or when the job's budget or
+    throughput target chose among island sets: such plans stay single-pipeline)."""
+    job = plan.job
+    if args.baseline or job.planner.max_usd_per_hour is not None or \
+            job.planner.min_tokens_per_s is not None or job.constraints.max_replicas == 1:
+        return None
+    limit = args.replica_time_limit
+    if limit is not None and not limit > 0:
+        raise InputError("<cli>", "--replica-time-limit", f"must be > 0 seconds, got {limit}")
+    options = ReplicaOptions() if limit is None else ReplicaOptions(time_limit_s=limit)
+    config = PlannerConfig(solver=SolverKind(args.solver) if args.solver else None,
+                           features=FeaturePreset(args.features) if args.features else None,
+                           time_limit_s=args.time_limit)
+    return plan_replicas(job, plan, config, options=options)
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the plan."""
     plan = make_plan(args)
+    rp = search_replicas(args, plan)
+    if rp is not None and len(rp.replicas) > 1:
+        from solver.cli.replicated import run_replicated
+        return run_replicated(args, rp)
     if args.emit:
         from solver.cli.commands.export import emit
         return emit(plan, args.emit, args.output)
@@ -79,11 +106,14 @@ def run(args: argparse.Namespace) -> int:
         reports = explain(plan)
         extra["explain"] = [dataclasses.asdict(r) for r in reports]
     if args.json:
-        payload = plan_json(plan, [island_json(i) for i in plan.islands.islands])
+        islands = [island_json(i) for i in plan.islands.islands]
+        payload = plan_json(plan, islands) if rp is None else replicated_json(rp, islands)
         payload.update(extra)
         emit_json(payload, args)
         return 0
     print(render_plan(plan))
+    if rp is not None:
+        print(f"replicas: one pipeline ({rp.note})")
     if args.explain:
         print("\nper stage (per GPU unless marked):")
         print(render_table([{
@@ -97,19 +127,6 @@ def run(args: argparse.Namespace) -> int:
     for key, value in extra.items():
         print(f"{key}: {value}")
     return 0
-
-
-def compact_ids(ids: list[str]) -> str:
-    """``a100-0..a100-3, h100-7``: consecutive node ids of one prefix as ranges."""
-    runs: list[list] = []
-    for node in ids:
-        prefix, _, num = node.rpartition("-")
-        if num.isdigit() and runs and runs[-1][0] == prefix and runs[-1][2] == int(num) - 1:
-            runs[-1][2] = int(num)
-        else:
-            runs.append([prefix, int(num), int(num)] if num.isdigit() else [node, None, None])
-    return ", ".join(r[0] if r[1] is None else f"{r[0]}-{r[1]}" if r[1] == r[2]
-                     else f"{r[0]}-{r[1]}..{r[0]}-{r[2]}" for r in runs)
 
 
 def _idle_lines(plan: Plan) -> list[str]:
@@ -128,16 +145,7 @@ def render_plan(plan: Plan) -> str:
              f"({job.cluster.total_gpus} GPUs), batch {job.training.global_batch} x "
              f"{job.training.seq_len} tokens", "", "islands:",
              render_table(island_rows(plan.islands.islands)), "", "stages:"]
-    rows = []
-    for s in plan.stages:
-        c = s.plan.config
-        rows.append({"island": s.island.name, "gpu": s.island.gpu.name,
-                     "nodes": compact_ids(s.node_ids), "gpus": s.gpus,
-                     "layers": f"[{s.start}, {s.end})", "tp": c.tp, "cp": c.cp, "ep": c.ep,
-                     "pp": c.pp, "dp": c.dp, "zero": c.zero, "recompute": c.recompute.value,
-                     "offload": "yes" if c.offload else "no", "mb/replica": c.micro_batch,
-                     "latency ms": s.plan.latency_s * 1e3, "mem GB": s.plan.memory_gb})
-    lines.append(render_table(rows))
+    lines.append(render_table(stage_rows(plan)))
     lines += _idle_lines(plan)
     if plan.view != "islands":
         lines += ["", f"view: the {plan.view} as one island at its weakest node's figures "

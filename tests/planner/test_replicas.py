@@ -1,0 +1,273 @@
+"""Pipeline replicas across islands: hand-solved pieces, brute-force agreement, never worse than
+one pipeline, the constraint, the validator and the export refusal."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from formulations.shares_cpsat import solve_shares
+from solver.cli.main import main
+from solver.planner.replica_plan import (ReplicatedPlan, allreduce_s, replica_job,
+                                         validate_replicated)
+from solver.planner.replicas import (ReplicaOptions, best_shares, partitions, plan_replicas,
+                                     replica_floor, share_unit)
+from solver.planner.search import job_islands, plan_job
+from solver.planner.validate import PlanInvalid
+from solver.spec.errors import InfeasibleError
+from solver.spec.loaders import load_job
+
+# Llama 2 7B on one node each of three GPU generations: small enough to brute-force, and with
+# a fast inter-island network three replicas beat the single pipeline (checked below).
+MINI3 = """
+description = "test: Llama 2 7B on one H200, one H100 and one A100 node"
+model = "llama2-7b"
+
+[cluster]
+name = "mini3"
+inter_island_gbits = {gbits}
+
+[[cluster.nodes]]
+gpu = "H200-SXM-141GB"
+count = 1
+name = "h200"
+
+[[cluster.nodes]]
+gpu = "H100-SXM-80GB"
+count = 1
+name = "h100"
+
+[[cluster.nodes]]
+gpu = "A100-SXM-80GB"
+count = 1
+name = "a100"
+
+[training]
+global_batch = {batch}
+seq_len = 2048
+n_micro = {n}
+{extra}"""
+
+
+def _write(tmp_path, gbits=400.0, batch=64, n="4", extra="", name="mini3.toml"):
+    path = tmp_path / name
+    path.write_text(MINI3.format(gbits=gbits, batch=batch, n=n, extra=extra))
+    return path
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory):
+    job = load_job(_write(tmp_path_factory.mktemp("rep")))
+    single = plan_job(job)
+    return job, single, plan_replicas(job, single, options=ReplicaOptions(share_steps=8))
+
+
+def test_best_shares_by_hand():
+    # Shares 2 + 2 give max(3, 2) = 3; 1 + 3 gives 4 and 3 + 1 gives 5.
+    times = [{1: 1.0, 2: 3.0, 3: 5.0}, {1: 2.0, 2: 2.0, 3: 4.0}]
+    assert best_shares(times, 4, 1) == (3.0, (2, 2))
+    assert best_shares([{1: 1.0}, {1: math.inf}], 2, 1) is None
+
+
+def test_partitions_are_the_bell_numbers_less_single_sets(mini):
+    job, _, _ = mini
+    isl = job_islands(job).islands
+    # Partitions of subsets of K items: Bell(K + 1); drop the empty one and the 2^K - 1 of
+    # one set: K = 3 gives 15 - 1 - 7 = 7.
+    parts = list(partitions(isl, 3))
+    assert len(parts) == 7
+    assert len(list(partitions(isl, 2))) == 6  # without the three-way split
+    for p in parts:
+        names = [i.name for g in p for i in g]
+        assert len(names) == len(set(names))
+
+
+def test_share_unit_gives_whole_micro_batches():
+    class T:  # the two fields share_unit reads
+        def __init__(self, b, n):
+            self.training = type("t", (), {"global_batch": b, "n_micro": n})()
+    assert share_unit(T(1024, 4), 32) == 32   # 8 micro-steps of 4: 32 units
+    assert share_unit(T(1024, 4), 64) == 16
+    assert share_unit(T(12, None), 5) == 3    # 12 / 3 = 4 units <= 5
+    assert share_unit(T(64, 4), 8) == 8
+
+
+def test_allreduce_by_hand(mini):
+    job, _, _ = mini
+    isl = job_islands(job).islands
+    # Two replicas of 8 GPUs each: 2 (2 - 1) / 2 of the fp32 gradients per GPU shard.
+    expect = 1.0 * job.model.total_params * 4 / 8 / (400 / 8 * 1e9)
+    assert allreduce_s(job, [isl[:1], isl[1:2]]) == pytest.approx(expect, rel=1e-12)
+    assert allreduce_s(job, [isl]) == 0.0
+
+
+def _brute(job, steps):
+    """Every partition of every island subset (own enumeration), every share vector on the
+    grid, each replica planned exactly on its own: the best objective (and the single plan)."""
+    isl = job_islands(job).islands
+    unit = share_unit(job, steps)
+    units = job.training.global_batch // unit
+    times: dict = {}
+
+    def t(group, share):
+        key = (tuple(i.name for i in group), share)
+        if key not in times:
+            try:
+                times[key] = plan_job(replica_job(job, group, share)).iteration_time_s
+            except InfeasibleError:
+                times[key] = math.inf
+        return times[key]
+
+    best = plan_job(job).iteration_time_s
+    for labels in itertools.product(range(len(isl) + 1), repeat=len(isl)):
+        groups = [tuple(i for i, lab in zip(isl, labels) if lab == k) for k in range(1, len(isl) + 1)]
+        groups = [g for g in groups if g]
+        if len(groups) < 2:
+            continue
+        gbits = job.cluster.inter_island_gbits
+        fewest = min(sum(i.gpus for i in g) for g in groups)
+        r = len(groups)
+        extra = 2 * (r - 1) / r * job.model.total_params * 4 / fewest / (gbits / 8 * 1e9)
+        for cut in itertools.product(range(1, units), repeat=r - 1):
+            shares = list(cut) + [units - sum(cut)]
+            if shares[-1] < 1:
+                continue
+            best = min(best, max(t(g, k * unit) for g, k in zip(groups, shares)) + extra)
+    return best, times
+
+
+def test_matches_brute_force_and_floors_are_safe(mini):
+    job, single, rp = mini
+    brute, times = _brute(job, 8)
+    assert rp.iteration_time_s == pytest.approx(brute, rel=1e-9)
+    assert rp.solver.optimal and rp.partitions == (7, 7)
+    assert len(rp.replicas) == 3 and rp.iteration_time_s < single.iteration_time_s
+    by_name = {i.name: i for i in job_islands(job).islands}
+    for (names, share), value in times.items():  # the cut's lower bound never exceeds a plan
+        assert replica_floor(job, [by_name[x] for x in names], share) <= value
+
+
+def test_auto_n_micro_matches_brute_force(tmp_path):
+    job = load_job(_write(tmp_path, batch=16, n='"auto"'))
+    rp = plan_replicas(job, plan_job(job), options=ReplicaOptions(share_steps=4))
+    brute, _ = _brute(job, 4)
+    assert rp.iteration_time_s == pytest.approx(brute, rel=1e-9)
+
+
+@pytest.mark.parametrize("gbits,batch", [(25.0, 32), (100.0, 64), (800.0, 128)])
+def test_never_worse_than_one_pipeline(tmp_path, gbits, batch):
+    job = load_job(_write(tmp_path, gbits=gbits, batch=batch))
+    single = plan_job(job)
+    rp = plan_replicas(job, single, options=ReplicaOptions(share_steps=8))
+    assert rp.iteration_time_s <= single.iteration_time_s
+    if len(rp.replicas) == 1:
+        assert rp.replicas[0].plan is single
+
+
+def test_slow_network_keeps_one_pipeline(tmp_path):
+    # At 25 Gb/s the all-reduce of 7B fp32 gradients over 8 GPUs alone takes ~1.2 s per
+    # iteration, more than the whole single-pipeline iteration.
+    job = load_job(_write(tmp_path, gbits=25.0, batch=32))
+    single = plan_job(job)
+    isl = job_islands(job).islands
+    assert allreduce_s(job, [isl[:1], isl[1:2]]) > single.iteration_time_s
+    assert len(plan_replicas(job, single).replicas) == 1
+
+
+def test_time_limit_reports_bound_not_optimal(mini):
+    job, single, _ = mini
+    rp = plan_replicas(job, single, options=ReplicaOptions(share_steps=8, time_limit_s=1e-9))
+    assert not rp.solver.optimal and rp.solver.bound is not None and rp.solver.gap is not None
+    assert rp.solver.bound <= rp.iteration_time_s and "time limit" in rp.note
+
+
+def test_validator_rejects_planted_faults(mini):
+    job, _, rp = mini
+    validate_replicated(rp, job)
+    bad_share = replace(rp, replicas=(replace(rp.replicas[0], share=rp.replicas[0].share + 8),)
+                        + rp.replicas[1:])
+    with pytest.raises(PlanInvalid, match="sum to|replica 0"):
+        validate_replicated(bad_share, job)
+    with pytest.raises(PlanInvalid, match="all-reduce across replicas"):
+        validate_replicated(replace(rp, allreduce_s=rp.allreduce_s / 2), job)
+    twice = replace(rp, replicas=(rp.replicas[0], replace(rp.replicas[1],
+                                                          islands=rp.replicas[0].islands))
+                    + rp.replicas[2:])
+    with pytest.raises(PlanInvalid, match="another replica"):
+        validate_replicated(twice, job)
+    capped = replace(job, constraints=replace(job.constraints, max_replicas=2))
+    with pytest.raises(PlanInvalid, match="max_replicas"):
+        validate_replicated(rp, capped)
+
+
+def test_max_replicas_constraint(tmp_path, capsys):
+    for limit, most in ((1, 1), (2, 2)):
+        path = _write(tmp_path, extra=f"\n[constraints]\nmax_replicas = {limit}\n",
+                      name=f"cap{limit}.toml")
+        assert main(["plan", str(path), "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert len(out.get("replicas", [None])) <= most
+    path = _write(tmp_path, extra="\n[constraints]\nmax_replicas = 0\n", name="bad.toml")
+    assert main(["plan", str(path)]) == 2
+    assert "constraints.max_replicas: must be >= 1" in capsys.readouterr().err
+
+
+def test_cli_json_keeps_the_single_pipeline_keys(tmp_path, capsys):
+    path = _write(tmp_path)
+    assert main(["plan", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["replicas"]) == 3
+    assert sum(r["share"] for r in out["replicas"]) == 64
+    for key in ("pipeline_s", "per_iteration_s", "objective", "stages", "solver", "idle_nodes"):
+        assert key in out
+    assert {s["replica"] for s in out["stages"]} == {0, 1, 2}
+    slowest = max(r["iteration_time_s"] for r in out["replicas"])
+    assert out["objective"]["iteration_time_s"] == pytest.approx(slowest + out["allreduce_s"])
+
+
+def test_export_of_replicas_is_refused_with_status_3(tmp_path, capsys):
+    path = _write(tmp_path)
+    assert main(["plan", str(path), "--emit", "flagscale"]) == 3
+    assert "3 pipeline replicas" in capsys.readouterr().err
+    assert main(["plan", str(path), "--json"]) == 0
+    (tmp_path / "p.json").write_text(capsys.readouterr().out)
+    assert main(["export", str(tmp_path / "p.json"), "--job", str(path), "--to", "megatron"]) == 3
+    assert "max_replicas = 1" in capsys.readouterr().err
+
+
+def test_replicated_plan_type(mini):
+    _, _, rp = mini
+    assert isinstance(rp, ReplicatedPlan)
+    assert rp.tokens_per_s == pytest.approx(rp.job.training.tokens / rp.iteration_time_s)
+
+
+@settings(max_examples=60)
+@given(st.integers(1, 3), st.integers(2, 4), st.data())
+def test_share_dp_cpsat_and_brute_force_agree(unit, replicas, data):
+    """Random share tables (some shares unplannable): the DP, the CP-SAT model and a brute force
+    over every share vector find the same min-max value."""
+    units = data.draw(st.integers(replicas, 3 * replicas))
+    batch = units * unit
+    times = []
+    for _ in range(replicas):
+        cells = data.draw(st.lists(st.one_of(st.floats(0.1, 10.0), st.just(math.inf)),
+                                   min_size=units, max_size=units))
+        times.append({(k + 1) * unit: t for k, t in enumerate(cells)})
+    vectors = [v for v in itertools.product(*(sorted(t) for t in times)) if sum(v) == batch]
+    values = [max(t[b] for t, b in zip(times, v)) for v in vectors]
+    finite = [x for x in values if math.isfinite(x)]
+    dp = best_shares(times, batch, unit)
+    cp = solve_shares(times, batch)
+    if not finite:
+        assert dp is None and cp is None
+        return
+    assert dp is not None and dp[0] == min(finite)
+    assert cp is not None and cp.optimal
+    assert cp.value == pytest.approx(min(finite), abs=10.0 / 1e6)  # scaling tolerance
+    assert sum(cp.shares) == batch

@@ -8,6 +8,8 @@ composes one latency table per pipeline depth exactly, adds the per-iteration te
 a :class:`Plan` that :func:`validate` has checked against the job, or raises
 :class:`~solver.spec.InfeasibleError`. Baselines (:mod:`solver.planner.baselines`) and the
 persistent partial-plan cache (:mod:`solver.planner.plancache`) plug into the same search.
+Last, :mod:`solver.planner.replicas` searches plans of several pipeline replicas across islands
+with uneven batch shares (:class:`ReplicatedPlan`, the single plan is one replica).
 """
 
 from solver.planner.baselines import Baseline, plan_baseline
@@ -15,10 +17,13 @@ from solver.planner.micro import candidate_n_micro, plan_auto, sweep
 from solver.planner.plan import Plan, SolverInfo, StagePlan, cycle_time, plan_json
 from solver.planner.plancache import CachingParallelizer, MemoryStore, open_store
 from solver.planner.pruning import Rule
+from solver.planner.replica_plan import ReplicatedPlan, validate_replicated
+from solver.planner.replicas import ReplicaOptions, plan_replicas
 from solver.planner.search import PlannerConfig, PlanningRun, plan_job, start_run
 from solver.planner.validate import PlanInvalid, link_model, validate
 
 __all__ = ["Baseline", "CachingParallelizer", "MemoryStore", "Plan", "PlanInvalid",
-           "PlannerConfig", "PlanningRun", "Rule", "SolverInfo", "StagePlan",
+           "PlannerConfig", "PlanningRun", "ReplicaOptions", "ReplicatedPlan", "Rule",
+           "SolverInfo", "StagePlan", "plan_replicas", "validate_replicated",
            "candidate_n_micro", "cycle_time", "link_model", "open_store", "plan_auto",
            "plan_baseline", "plan_job", "plan_json", "start_run", "sweep", "validate"]

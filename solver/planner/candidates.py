@@ -26,7 +26,16 @@ from solver.cost.configs import FeatureSet, _layouts
 from solver.cost.parallelizer import Parallelizer, PartialPlan, PlanContext
 from solver.cost.stage import ModelSlice
 from solver.islands import group_island
-from solver.spec.domain import Island, ModelSpec
+from solver.spec.domain import Island, JobSpec, ModelSpec
+
+MAX_AUTO_MICRO = 128  # the largest n_micro searched when the job leaves it to the planner
+
+
+def candidate_n_micro(job: JobSpec, lo: int = 1, hi: int = MAX_AUTO_MICRO) -> list[int]:
+    """Micro-batch counts in ``[lo, hi]`` that divide the global batch."""
+    b = job.training.global_batch
+    return [n for n in range(max(lo, 1), min(b, hi) + 1) if b % n == 0]
+
 
 MAX_GROUP_UNITS = 16  # node granules per island in the composition
 

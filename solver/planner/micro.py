@@ -15,19 +15,16 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
+from solver.planner.candidates import MAX_AUTO_MICRO, candidate_n_micro
 from solver.planner.plan import Plan
 from solver.planner.search import PlannerConfig, plan_job
 from solver.spec.domain import JobSpec
 from solver.spec.errors import InfeasibleError
 
-MAX_AUTO_MICRO = 128
+__all__ = ["MAX_AUTO_MICRO", "REL_TIE", "SweepPoint", "SweepResult", "candidate_n_micro",
+           "plan_auto", "plan_point", "sweep"]
+
 REL_TIE = 1e-12   # relative tolerance under which two iteration times tie (smaller n wins)
-
-
-def candidate_n_micro(job: JobSpec, lo: int = 1, hi: int = MAX_AUTO_MICRO) -> list[int]:
-    """Micro-batch counts in ``[lo, hi]`` that divide the global batch."""
-    b = job.training.global_batch
-    return [n for n in range(max(lo, 1), min(b, hi) + 1) if b % n == 0]
 
 
 @dataclass(frozen=True)

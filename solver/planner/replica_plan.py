@@ -43,10 +43,10 @@ def allreduce_s(job: JobSpec, groups: Sequence[Sequence[Island]]) -> float:
     return 2.0 * (r - 1) / r * grad_bytes / (fewest * gbits / 8 * 1e9)
 
 
-def replica_job(job: JobSpec, islands: Sequence[Island], share: int) -> JobSpec:
-    """The job replica ``r`` is planned as: ``share`` sequences on ``islands`` only (the job's
-    other constraints, ``n_micro`` included, still hold)."""
-    names = tuple(i.name for i in islands)
+def replica_job(job: JobSpec, islands: Sequence[Island | str], share: int) -> JobSpec:
+    """The job replica ``r`` is planned as: ``share`` sequences on ``islands`` (or island
+    names) only (the job's other constraints, ``n_micro`` included, still hold)."""
+    names = tuple(i if isinstance(i, str) else i.name for i in islands)
     return replace(job, training=replace(job.training, global_batch=share),
                    constraints=replace(job.constraints, islands=names, exclude_islands=None,
                                        max_replicas=1))
@@ -148,8 +148,10 @@ def validate_replicated(rp: ReplicatedPlan, job: JobSpec) -> None:
         if names & seen:
             out.append(f"replica {k}: islands {sorted(names & seen)} belong to another replica")
         seen |= names
-        if r.share < 1:
-            out.append(f"replica {k}: share {r.share} < 1")
+        n = job.training.n_micro
+        if r.share < 1 or r.share % rp.share_unit or (n and r.share % n):
+            out.append(f"replica {k}: share {r.share} is not a positive multiple of the share "
+                       f"unit {rp.share_unit}" + (f" and of n_micro {n}" if n else ""))
             continue
         own = job if len(rp.replicas) == 1 else replica_job(job, r.islands, r.share)
         out += [f"replica {k}: {p}" for p in problems(r.plan, own)]

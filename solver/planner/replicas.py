@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import Executor, ProcessPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from solver.cost.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
 from solver.cost.parallelizer import Parallelizer
 from solver.planner.interleaved import compute_floor
-from solver.planner.micro import MAX_AUTO_MICRO
+from solver.planner.candidates import MAX_AUTO_MICRO
 from solver.planner.plan import Plan, SolverInfo
 from solver.planner.replica_plan import (Replica, ReplicatedPlan, allreduce_s, replica_job,
                                          validate_replicated)
@@ -58,10 +60,13 @@ class ReplicaOptions:
         The batch is shared in units of at least ``global_batch / share_steps`` sequences.
     time_limit_s : float
         Wall-time limit of the search (the plan reports its bound and gap when it stops).
+    workers : int
+        Processes planning replicas in parallel (1: in this process; identical results).
     """
 
     share_steps: int = 32
     time_limit_s: float = 30.0
+    workers: int = 1
 
 
 def share_unit(job: JobSpec, steps: int) -> int:
@@ -161,34 +166,59 @@ def best_shares(times: Sequence[dict[int, float]], batch: int, unit: int
     return best.get(batch)
 
 
+def _plan_share(job: JobSpec, config: PlannerConfig, names: tuple[str, ...], share: int,
+                budget: float, parallelizer: Parallelizer | None = None) -> Plan | None:
+    """The replica's exact plan if one is faster than ``budget`` (module level: workers run it)."""
+    try:
+        return plan_job(replica_job(job, names, share), config, parallelizer=parallelizer,
+                        upper=budget)
+    except InfeasibleError:
+        return None
+
+
 class _Replicas:
-    """Replica plans by (islands, share), each planned once.
+    """Replica plans by (islands, share), each planned once, in a pool when one is given.
 
     A replica is planned only for plans faster than the budget it is asked about; "none as
-    fast" is remembered as such, and stays true for every later (smaller) budget."""
+    fast" is remembered with its budget and answers every later ask at that budget or below;
+    a larger budget (another partition's all-reduce is smaller) plans again."""
 
-    def __init__(self, job: JobSpec, config: PlannerConfig, parallelizer: Parallelizer | None):
-        self.job, self.config, self.par = job, config, parallelizer
+    def __init__(self, job: JobSpec, config: PlannerConfig, parallelizer: Parallelizer | None,
+                 pool: Executor | None = None):
+        self.job, self.config, self.par, self.pool = job, config, parallelizer, pool
         self.plans: dict[tuple[tuple[str, ...], int], Plan | float] = {}
         self.calls = 0
+
+    def _known(self, key: tuple[tuple[str, ...], int], budget: float) -> bool:
+        got = self.plans.get(key)
+        return isinstance(got, Plan) or (got is not None and budget <= got)
+
+    def _store(self, key: tuple[tuple[str, ...], int], plan: Plan | None, budget: float) -> None:
+        if plan is None:
+            self.plans[key] = budget
+        else:
+            self.calls += plan.solver.parallelizer_calls
+            self.plans[key] = plan
+
+    def prefetch(self, asks: Sequence[tuple[tuple[Island, ...], int, float]]) -> None:
+        """Plan the asks :meth:`time` cannot answer yet, in parallel (a no-op without a pool)."""
+        todo = {((tuple(i.name for i in g), b)): u for g, b, u in asks}
+        todo = {k: u for k, u in todo.items() if not self._known(k, u)}
+        if self.pool is None or len(todo) < 2:
+            return
+        futures = {k: self.pool.submit(_plan_share, self.job, self.config, k[0], k[1], u)
+                   for k, u in todo.items()}
+        for k, f in futures.items():
+            self._store(k, f.result(), todo[k])
 
     def time(self, group: tuple[Island, ...], share: int, budget: float = math.inf) -> float:
         """The replica's iteration time, or ``inf`` when no plan is faster than ``budget``."""
         key = (tuple(i.name for i in group), share)
-        got = self.plans.get(key)
-        if isinstance(got, Plan):
-            return got.iteration_time_s
-        if got is not None and got <= budget:  # known: nothing faster than ``got``
-            return math.inf
-        try:
-            p = plan_job(replica_job(self.job, group, share), self.config,
-                         parallelizer=self.par, upper=budget)
-            self.calls += p.solver.parallelizer_calls
-            self.plans[key] = p
-            return p.iteration_time_s
-        except InfeasibleError:
-            self.plans[key] = budget
-            return math.inf
+        if not self._known(key, budget):
+            self._store(key, _plan_share(self.job, self.config, key[0], share, budget, self.par),
+                        budget)
+        got = self.plans[key]
+        return got.iteration_time_s if isinstance(got, Plan) else math.inf
 
     def plan(self, group: tuple[Island, ...], share: int) -> Plan:
         """The plan found by :meth:`time` for shares that won."""
@@ -215,32 +245,35 @@ def _solve_partition(reps: _Replicas, part: Partition, unit: int, st: _State,
     whose plan is not faster than the incumbent is of no use, which raises the smallest share
     the other replicas may take. Then every share left is planned and the shares are chosen
     exactly (:func:`best_shares`)."""
-    job = reps.job
+    job, batch = reps.job, reps.job.training.global_batch
     extra = allreduce_s(job, part)
     budget = st.value - extra
     windows = share_window(job, part, unit, budget)
-    his = [w.stop - unit for w in windows]
-    batch, times = job.training.global_batch, [dict() for _ in part]
-    changed = True
-    while changed:
-        changed = False
+    if any(len(w) == 0 for w in windows):
+        return True  # some replica has no share a better plan could use
+    his, times = [w[-1] for w in windows], [dict() for _ in part]
+    while True:  # shrink every window's top until each top beats the budget
+        if any(his[r] < max(unit, batch - (sum(his) - his[r])) for r in range(len(part))):
+            return True  # no shares of this partition beat the incumbent
+        asks = [(g, his[r], budget) for r, g in enumerate(part) if his[r] not in times[r]]
+        if not asks:
+            break
+        if time.perf_counter() > deadline:
+            return False
+        reps.prefetch(asks)
         for r, g in enumerate(part):
-            lo = max(unit, batch - (sum(his) - his[r]))
-            while his[r] >= lo:
-                if time.perf_counter() > deadline:
-                    return False
+            if his[r] not in times[r]:
                 times[r][his[r]] = reps.time(g, his[r], budget)
-                if times[r][his[r]] < budget:
-                    break
-                his[r], changed = his[r] - unit, True
-            if his[r] < lo:
-                return True  # no shares of this partition beat the incumbent
-    for r, g in enumerate(part):
-        for b in range(max(unit, batch - (sum(his) - his[r])), his[r] + 1, unit):
-            if b not in times[r]:
-                if time.perf_counter() > deadline:
-                    return False
-                times[r][b] = reps.time(g, b, budget)
+                his[r] -= unit * (times[r][his[r]] >= budget)
+    asks = [(g, b, budget) for r, g in enumerate(part)
+            for b in range(max(unit, batch - (sum(his) - his[r])), his[r] + 1, unit)
+            if b not in times[r]]
+    for k in range(0, len(asks), 4):
+        if time.perf_counter() > deadline:
+            return False
+        reps.prefetch(asks[k:k + 4])
+        for g, b, _ in asks[k:k + 4]:
+            times[part.index(g)][b] = reps.time(g, b, budget)
     found = best_shares(times, batch, unit)
     if found is not None and found[0] + extra < st.value * (1 - 1e-12):
         st.value, st.choice = found[0] + extra, (part, found[1])
@@ -265,6 +298,7 @@ def _try_proportional(reps: _Replicas, part: Partition, unit: int, st: _State) -
     if shares is None:
         return
     extra = allreduce_s(reps.job, part)
+    reps.prefetch([(g, b, st.value - extra) for g, b in zip(part, shares)])
     value = max(reps.time(g, b, st.value - extra) for g, b in zip(part, shares)) + extra
     if value < st.value * (1 - 1e-12):
         st.value, st.choice = value, (part, shares)
@@ -279,12 +313,22 @@ def plan_replicas(job: JobSpec, single: Plan, config: PlannerConfig = PlannerCon
     islands = job_islands(job).islands
     limit = job.constraints.max_replicas or len(islands)
     unit = share_unit(job, options.share_steps)
-    reps = _Replicas(job, config, parallelizer)
+    pooled = options.workers > 1 and parallelizer is None
+    with ProcessPoolExecutor(options.workers) if pooled else nullcontext() as pool:
+        reps = _Replicas(job, config, parallelizer, pool)
+        st = _search(reps, single, islands, limit, unit, start + options.time_limit_s)
+    return _result(job, single, reps, st, unit, (len(list(partitions(islands, limit))), islands),
+                   time.perf_counter() - start)
+
+
+def _search(reps: _Replicas, single: Plan, islands: tuple[Island, ...], limit: int, unit: int,
+            deadline: float) -> _State:
+    """Partitions in bound order: the proportional incumbents first, then the exact pass."""
+    job = reps.job
     st = _State(single.iteration_time_s)
     every = list(partitions(islands, limit))
     parts = sorted((p for p in every if all(holds_model(job, g) for g in p)),
                    key=lambda p: partition_bound(job, p))
-    deadline = start + options.time_limit_s
     for part in parts:  # a good incumbent first narrows every window of the exact pass
         if time.perf_counter() > deadline or partition_bound(job, part) >= st.value:
             break
@@ -299,8 +343,7 @@ def plan_replicas(job: JobSpec, single: Plan, config: PlannerConfig = PlannerCon
             break
         st.settled = k + 1
     st.settled += len(every) - len(parts)  # settled by the memory cut
-    return _result(job, single, reps, st, unit, (len(every), islands),
-                   time.perf_counter() - start)
+    return st
 
 
 def _result(job: JobSpec, single: Plan, reps: _Replicas, st: _State, unit: int,

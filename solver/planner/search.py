@@ -6,7 +6,7 @@ cluster — the islands of Algorithm 1, and the whole cluster as one island at i
 members' figures (what a heterogeneity-oblivious planner sees, so the result is never worse
 than that plan) — and composes it exactly (:func:`solver.compose.group_dp.compose_groups_dp`,
 or CP-SAT / MILP). Without a fixed ``n_micro`` every divisor of the global batch up to
-:data:`solver.planner.micro.MAX_AUTO_MICRO` is planned and the best kept (ties: smaller ``n``,
+:data:`solver.planner.candidates.MAX_AUTO_MICRO` is planned and the best kept (ties: smaller ``n``,
 then the islands' view).
 """
 
@@ -28,7 +28,7 @@ from solver.cost.stage_costs import PipelineSetting, stage_costs
 from solver.islands import (IslandSet, Thresholds, build_islands, group_island, node_key,
                             whole_cluster)
 from solver.planner.candidates import (CandidateTable, GroupCache, TableSpec, build_stage_table,
-                                       granule, group_sizes)
+                                       candidate_n_micro, granule, group_sizes)
 from solver.planner.interleaved import best_interleaved
 from solver.planner.plan import Plan, SolverInfo, StagePlan
 from solver.planner.pruning import (LinkModel, Rule, balance_window, bound_window, interface_bans,
@@ -194,7 +194,6 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
     InfeasibleError
         Nothing fits (or nothing beats ``upper``); the message names the tightest limit.
     """
-    from solver.planner.micro import candidate_n_micro
     start = time.perf_counter()
     par = parallelizer or AnalyticParallelizer(config.features or job.planner.features)
     fixed = n_micro or job.training.n_micro

@@ -16,7 +16,7 @@ from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, stage_costs, substage_latencies
 from solver.islands import Thresholds, build_islands, whole_cluster
 from solver.planner.memory_check import plan_memory_gb
-from solver.planner.plan import Plan, cycle_time, interleaved_cycle_time
+from solver.planner.plan import Plan
 from solver.planner.pruning import LinkModel
 from solver.spec.domain import Island, JobSpec, Schedule
 from solver.spec.errors import InfeasibleError
@@ -79,13 +79,27 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
     for i, subs in enumerate(taus):
         flat += list(subs)
         flat_links += [0.0] * (len(subs) - 1) + ([links[i]] if i < len(links) else [])
-    if plan.virtual_stages > 1:
-        t = interleaved_cycle_time(flat, n, plan.virtual_stages) + max(extras)
-    else:
-        t = cycle_time(flat, flat_links, n, plan.overlap) + max(extras)
+    t = _pipeline_seconds(flat, flat_links, n, plan.overlap, plan.virtual_stages) + max(extras)
     if not math.isclose(t, plan.iteration_time_s, rel_tol=1e-6):
         out.append(f"objective {plan.iteration_time_s} does not match the recomputed {t}")
     return out
+
+
+def _pipeline_seconds(taus: list[float], links: list[float], n: int, overlap: bool,
+                      v: int) -> float:
+    """``T_pipe`` recomputed here, apart from :mod:`solver.planner.plan`: the bottleneck
+    (largest stage or link) runs all ``n`` micro-batches and every other stage and link is
+    crossed once; interleaved, the others once per ``v`` chunks; with overlap a stage and the
+    link after it cost the larger of the two."""
+    if v > 1:
+        top = max(taus)
+        return n * top + (sum(taus) - top) / v
+    if overlap:
+        costs = [max(t, links[i]) if i < len(links) else t for i, t in enumerate(taus)]
+    else:
+        costs = taus + links
+    top = max(costs)
+    return n * top + sum(costs) - top
 
 
 def validate(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None) -> None:

@@ -112,6 +112,8 @@ class BenchOptions:
         Also search pipeline replicas across islands (:mod:`solver.planner.replicas`).
     replica_time_limit_s : float
         Time limit of that search.
+    replica_workers : int
+        Processes for that search.
     """
 
     solvers: tuple[SolverKind, ...] = ()
@@ -119,6 +121,7 @@ class BenchOptions:
     time_limit_s: float | None = None
     replicas: bool = False
     replica_time_limit_s: float = 60.0
+    replica_workers: int = 1
 
 
 @dataclass(frozen=True)
@@ -344,14 +347,16 @@ def bench_job(path: Path | str, options: BenchOptions = BenchOptions()) -> Bench
     if options.baselines:
         row = replace(row, baselines=baseline_runs(job, plan, note))
     if options.replicas and plan is not None and job.constraints.max_replicas != 1:
-        row = replace(row, replicas=replica_run(job, plan, config, options.replica_time_limit_s))
+        row = replace(row, replicas=replica_run(job, plan, config, options))
     return row
 
 
-def replica_run(job: JobSpec, plan: Plan, config: PlannerConfig, limit: float) -> ReplicaRun:
+def replica_run(job: JobSpec, plan: Plan, config: PlannerConfig,
+                options: BenchOptions) -> ReplicaRun:
     """The replica search over ``plan`` (validated by the search)."""
     start = time.perf_counter()
-    rp = plan_replicas(job, plan, config, options=ReplicaOptions(time_limit_s=limit))
+    rp = plan_replicas(job, plan, config, options=ReplicaOptions(
+        time_limit_s=options.replica_time_limit_s, workers=options.replica_workers))
     return ReplicaRun(len(rp.replicas), rp.shares, rp.tokens_per_s,
                       time.perf_counter() - start, rp.solver.optimal)
 

@@ -75,9 +75,28 @@ def problems(draw, **kw):
     return table, draw(restrictions(table)), draw(st.booleans())
 
 
+def _own_objective(table, stages, overlap):
+    """The iteration time written out here, apart from the library: look each stage up in the
+    table's raw rows by its position, then (n - 1) times the bottleneck plus every cost once."""
+    taus = []
+    for s in stages:
+        pos = ("only" if s.end == table.layers else "first") if s.start == 0 else \
+            ("last" if s.end == table.layers else "middle")
+        row = {p.value: v for p, v in table.latency[s.island].items()}[pos]
+        taus.append(row[s.end - s.start - 1])
+    links = [table.link.get((a.island, b.island), 0.0) for a, b in zip(stages, stages[1:])]
+    if overlap:
+        costs = [max(t, links[i]) if i < len(links) else t for i, t in enumerate(taus)]
+    else:
+        costs = taus + links
+    return (table.n_micro - 1) * max(costs) + sum(costs)
+
+
 def _check_plan(table, result, rules, overlap):
     assert not plan_problems(table, result.stages, rules)
     assert result.objective == objective_of(table, result.stages, overlap)
+    assert result.objective == pytest.approx(_own_objective(table, result.stages, overlap),
+                                             rel=1e-12, abs=1e-12)
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, database=None)

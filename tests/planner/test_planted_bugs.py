@@ -24,6 +24,8 @@ def test_planted_bubble_ratio_uses_n_not_n_minus_1():
     t = cycle_time([1.0, 1.0, 1.0], [], 4)
     assert t == 6.0
     assert bubble_ratio([1.0, 1.0, 1.0], t, 4) == pytest.approx(1 / 3)
+    # Stages of 2 s: T = 3 * 2 + 6 = 12 s, bubble 1 - 4 * 2 / 12 = 1/3 (n / mean: 1 - 2/12).
+    assert bubble_ratio([2.0, 2.0, 2.0], cycle_time([2.0] * 3, [], 4), 4) == pytest.approx(1 / 3)
 
 
 def test_planted_interleaved_bubble_is_divided_by_v():

@@ -148,6 +148,7 @@ def test_matches_brute_force_and_floors_are_safe(mini):
     assert rp.iteration_time_s == pytest.approx(brute, rel=1e-9)
     assert rp.solver.optimal and rp.partitions == (7, 7)
     assert len(rp.replicas) == 3 and rp.iteration_time_s < single.iteration_time_s
+    assert all(b % share_unit(job, 8) == 0 for b in rp.shares)  # on the grid brute-forced
     by_name = {i.name: i for i in job_islands(job).islands}
     for (names, share), value in times.items():  # the cut's lower bound never exceeds a plan
         assert replica_floor(job, [by_name[x] for x in names], share) <= value
@@ -194,6 +195,10 @@ def test_validator_rejects_planted_faults(mini):
                         + rp.replicas[1:])
     with pytest.raises(PlanInvalid, match="sum to|replica 0"):
         validate_replicated(bad_share, job)
+    off_grid = replace(rp, replicas=(replace(rp.replicas[0], share=rp.replicas[0].share + 1),)
+                       + rp.replicas[1:])
+    with pytest.raises(PlanInvalid, match="not a positive multiple of the share unit"):
+        validate_replicated(off_grid, job)
     with pytest.raises(PlanInvalid, match="all-reduce across replicas"):
         validate_replicated(replace(rp, allreduce_s=rp.allreduce_s / 2), job)
     twice = replace(rp, replicas=(rp.replicas[0], replace(rp.replicas[1],

@@ -7,6 +7,7 @@ terminal; Ctrl-C prints the rows finished so far and exits with status 130.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from solver.cli.report import emit_json, render_table
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if args.time_limit is not None and not args.time_limit > 0:
         raise InputError("<cli>", "--time-limit", f"must be positive, got {args.time_limit}")
     options = BenchOptions(parse_solvers(args.solvers), args.baselines, args.time_limit,
-                           replicas=args.replicas)
+                           replicas=args.replicas, replica_workers=min(2, os.cpu_count() or 1))
     paths = suite_paths(args.jobs)
     rows: list[BenchRow] = []
     status = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from solver.cli.report import (compact_ids, emit_json, island_json, island_rows,
                                render_table, stage_rows)
@@ -42,6 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replica-time-limit", type=float, metavar="S",
                    help="time limit of the search over pipeline replicas across islands "
                         "(default 30 s; the plan says when it stops before a proof)")
+    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), metavar="N",
+                   help="processes for the replica search (default: min(2, CPUs); same result)")
     p.set_defaults(func=run)
 
 
@@ -75,7 +78,10 @@ def search_replicas(args: argparse.Namespace, plan: Plan) -> ReplicatedPlan | No
     limit = args.replica_time_limit
     if limit is not None and not limit > 0:
         raise InputError("<cli>", "--replica-time-limit", f"must be > 0 seconds, got {limit}")
-    options = ReplicaOptions() if limit is None else ReplicaOptions(time_limit_s=limit)
+    if args.workers < 1:
+        raise InputError("<cli>", "--workers", f"must be >= 1, got {args.workers}")
+    options = ReplicaOptions(workers=args.workers) if limit is None else \
+        ReplicaOptions(time_limit_s=limit, workers=args.workers)
     config = PlannerConfig(solver=SolverKind(args.solver) if args.solver else None,
                            features=FeaturePreset(args.features) if args.features else None,
                            time_limit_s=args.time_limit)

@@ -153,7 +153,9 @@ def largest_matrix(model: ModelSpec) -> float:
     q, kv, h = model.heads * model.d_head, model.kv_heads * model.d_head, model.hidden
     width = max(model.ffn, model.expert_ffn if model.is_moe else 0)
     up = 2 if model.gated_mlp else 1
-    return float(max(h * (q + 2 * kv), q * h, up * h * width, width * h))
+    # The fused QKV and the (gated) up-projection; the output and down projections are never
+    # larger (q·h ≤ h·(q + 2kv), width·h ≤ up·h·width).
+    return float(max(h * (q + 2 * kv), up * h * width))
 
 
 def model_state_bytes(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,

@@ -374,7 +374,7 @@ def _note(st: _State, total: int) -> str:
     """How the search ended, in words."""
     if total == 0:
         return "fewer than two islands: no replicas across islands to search"
+    noun = "island partition" + "s" * (total != 1)
     if st.settled < total:
-        return (f"replica search stopped at its time limit after {st.settled} of {total} "
-                f"island partitions")
-    return f"replica search: {total} island partitions settled"
+        return f"replica search stopped at its time limit after {st.settled} of {total} {noun}"
+    return f"replica search: {total} {noun} settled"

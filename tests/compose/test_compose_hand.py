@@ -241,3 +241,32 @@ def test_cli_malformed_exit_2(monkeypatch, capsys, tmp_path):
     big = str(TABLES / "mixed_128x8.json")
     assert _cli(monkeypatch, ["compose", big, "--solver", "brute"]) == 2
     assert "--solver: brute force would enumerate" in capsys.readouterr().err
+
+
+def test_explain_infeasible_names_each_reason():
+    from solver.compose.dp import explain_infeasible
+    from solver.compose.table import POSITIONS
+    nan = None
+    three = LatencyTable(2, 1, ("A", "B", "C"), {k: [1.0, 1.0] for k in "ABC"}, {}, use_all=True)
+    assert explain_infeasible(three) == "use_all needs 3 non-empty slices but the model has 2 layers"
+    alone = LatencyTable(2, 1, ("A",), {"A": [1.0, nan]}, {})
+    assert explain_infeasible(alone) == "the only island cannot hold all 2 layers"
+    rows = {"first": [nan, nan], "middle": [1.0, 1.0], "last": [1.0, 1.0], "only": [nan, nan]}
+    no_first = LatencyTable(2, 1, ("A", "B"), {"A": rows, "B": rows}, {})
+    assert explain_infeasible(no_first) == \
+        "no island can hold layer 0 (all first/only entries are null or pruned)"
+    rows = {"first": [1.0] * 3, "middle": [1.0] * 3, "last": [nan] * 3, "only": [nan] * 3}
+    no_last = LatencyTable(3, 1, ("A", "B"), {"A": rows, "B": rows}, {})
+    assert explain_infeasible(no_last) == \
+        "no island can hold layer 2 (all last/only entries are null or pruned)"
+    gap = {"first": [1.0, nan, nan], "middle": [nan, nan, nan], "last": [1.0, nan, nan],
+           "only": [nan, nan, nan]}
+    holes = LatencyTable(3, 1, ("A", "B"), {"A": gap, "B": gap}, {})
+    assert explain_infeasible(holes) == \
+        "no split of the layers over distinct islands avoids null latencies"
+    # Restricted, a first and a last stage of one layer each are all two islands may take.
+    fine = LatencyTable(3, 1, ("A", "B"), {"A": [1.0] * 3, "B": [1.0] * 3}, {})
+    caps = {(k, p): (1 if p.value in ("first", "last") else 0) for k in "AB" for p in POSITIONS}
+    capped = Restrictions({}, caps, frozenset())
+    assert explain_infeasible(fine, capped) == \
+        "no split of the layers over distinct islands fits the table and restrictions"

@@ -73,3 +73,37 @@ def test_planted_in_flight_bug_is_caught(monkeypatch):
     monkeypatch.setattr(memory, "activation_bytes", blind)
     with pytest.raises(PlanInvalid, match="independent count"):
         plan_job(job)
+
+
+def test_largest_weight_matrix_by_hand():
+    from dataclasses import replace
+    from solver.cost.memory import largest_matrix
+    from solver.spec.loaders import INSTANCES, load_model
+    m = load_model(INSTANCES / "models" / "llama2-7b.toml")
+    # Gated MLP up-projection: 2 * 4096 * 11008 = 90,177,536 (QKV is 4096 * 12288 = 50,331,648).
+    assert largest_matrix(m) == 90_177_536
+    # A narrow plain MLP leaves QKV the largest: 4096 * (4096 + 2 * 4096).
+    assert largest_matrix(replace(m, ffn=1024, gated_mlp=False)) == 50_331_648
+    # With GQA (8 KV heads of 128): 4096 * (4096 + 2 * 1024) = 25,165,824 > 4096 * 4096.
+    assert largest_matrix(replace(m, ffn=1024, gated_mlp=False, kv_heads=8)) == 25_165_824
+    # Experts wider than the dense MLP set the width: 2 * 4096 * 20000.
+    moe = replace(m, experts=8, top_k=2, expert_ffn=20000)
+    assert largest_matrix(moe) == 163_840_000
+    assert largest_matrix(replace(m, expert_ffn=20000)) == 90_177_536  # not MoE: ignored
+
+
+@pytest.mark.parametrize("name", ["seed-llama3-70b", "homog-a100-llama2-13b", "mixtral-a100-h100",
+                                  "v100-a100-llama2-13b", "extreme-l40s-h100-llama3-8b"])
+def test_independent_count_equals_the_model_on_shipped_plans(name):
+    """Node groups, internal pipelining with interleaving, MoE, V100 (fp16, unfused attention)
+    and L40S: the validator's own count equals the vectorized model stage by stage."""
+    from solver.cost.efficiency import DEFAULT_CALIBRATION
+    from solver.planner.memory_check import plan_memory_gb
+    from solver.planner.search import plan_job
+    from solver.planner.validate import _flash
+    from solver.spec.loaders import INSTANCES, load_job
+    job = load_job(INSTANCES / "jobs" / f"{name}.toml")
+    plan = plan_job(job)
+    got = plan_memory_gb(plan, DEFAULT_CALIBRATION.moe_capacity_factor,
+                         [_flash(s, job) for s in plan.stages])
+    assert got == pytest.approx([s.plan.memory_gb for s in plan.stages], rel=1e-9)

@@ -54,3 +54,11 @@ def test_planted_rule_2s_bound_window_by_hand(catalog):
     assert bound_window((h100, a100), a100, 10, 1e15, 4, 6.0) == (1, 3)
     # Half the incumbent (3 s): H100 needs l <= 5.93 and l >= 8.13 -> nothing.
     assert bound_window((h100, a100), h100, 10, 1e15, 4, 3.0) == (11, 0)
+
+
+def test_overlapped_cycle_time_by_hand():
+    # Stages 1 s and 2 s, a 3 s link, n = 2. Eq. 9: e = (max(1, 3), max(2, 0)) = (3, 2):
+    # (2 - 1) * 3 + 5 = 8 s. Links as stages: (1, 2, 3): (2 - 1) * 3 + 6 = 9 s.
+    assert cycle_time([1.0, 2.0], [3.0], 2, overlap=True) == 8.0
+    assert cycle_time([1.0, 2.0], [3.0], 2) == 9.0
+    assert cycle_time([4.0], [], 3, overlap=True) == 12.0

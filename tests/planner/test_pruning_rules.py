@@ -108,3 +108,10 @@ def test_rule_4s_keeps_a_link_whose_bound_ties_the_incumbent():
     c = (1.0 * (1 + 1e-12)) / 4
     assert 4 * c == 1.0 * (1 + 1e-12)
     assert interface_bans_safe({("a", "b"): c}, 4, 1.0) == frozenset()
+
+
+def test_rule_2s_one_island_rest_costs_nothing(islands):
+    h, _ = islands
+    # 10 layers of 1e14 FLOP: n L w / C = 4e15 / 7.912e15 = 0.506 s; the rest (none) costs 0,
+    # so an incumbent of 0.8 s keeps l = 10.
+    assert bound_window((h,), h, 10, 1e14, 4, 0.8) == (10, 10)

@@ -100,8 +100,11 @@ def test_windows_bounds_and_memory_cut(job):
     part = ((isl[0],), (isl[2],))
     # Budget below every floor: no share of either replica is worth planning.
     tiny = min(replica_floor(job, g, 8) for g in part) * 0.5
-    assert all(len(w) == 0 for w in share_window(job, part, 8, tiny)) or \
-        any(len(w) == 0 for w in share_window(job, part, 8, tiny))
+    assert all(len(w) == 0 for w in share_window(job, part, 8, tiny))
+    # Between the two floors at one unit: the H200 keeps shares, the A100 none.
+    mid = (replica_floor(job, part[0], 8) + replica_floor(job, part[1], 8)) / 2
+    fast, slow = share_window(job, part, 8, mid)
+    assert len(slow) == 0 and all(replica_floor(job, part[0], b) < mid for b in fast)
     wide = share_window(job, part, 8, 1e9)
     assert [list(w) for w in wide] == [list(range(8, 57, 8))] * 2
     # The bound: all-reduce plus the min-max of the floors, B / sum(B / F_r(B)).
@@ -131,6 +134,7 @@ def test_notes_say_how_the_search_ended():
     assert _note(_State(1.0, settled=3), 7) == ("replica search stopped at its time limit after "
                                                 "3 of 7 island partitions")
     assert _note(_State(1.0, settled=7), 7) == "replica search: 7 island partitions settled"
+    assert _note(_State(1.0, settled=1), 1) == "replica search: 1 island partition settled"
 
 
 def test_every_planned_share_is_on_the_grid(job, monkeypatch):
@@ -154,3 +158,161 @@ def test_two_workers_find_the_same_plan(job):
     two = plan_replicas(job, single, options=ReplicaOptions(share_steps=8, workers=2))
     assert two.iteration_time_s == one.iteration_time_s and two.shares == one.shares
     assert two.solver.optimal and two.partitions == one.partitions
+
+
+def test_prefetch_fills_the_memo_from_the_pool(job):
+    from concurrent.futures import ProcessPoolExecutor
+    isl = job_islands(job).islands
+    a, c = (isl[0],), (isl[2],)
+    exact = plan_job(replica_job(job, c, 16)).iteration_time_s
+    with ProcessPoolExecutor(2) as pool:
+        reps = _Replicas(job, PlannerConfig(), None, pool)
+        reps.prefetch([(a, 16, math.inf), (c, 16, exact * 0.5)])
+        # Both answered without planning here: a plan for one, "none below" for the other.
+        assert isinstance(reps.plans[(("i0-H200-SXM-141GB",), 16)], replicas.Plan)
+        assert reps.plans[((c[0].name,), 16)] == exact * 0.5
+        assert reps.calls == reps.plans[(("i0-H200-SXM-141GB",), 16)].solver.parallelizer_calls
+    alone = _Replicas(job, PlannerConfig(), None)  # no pool: nothing planned ahead
+    alone.prefetch([(a, 16, math.inf), (c, 16, math.inf)])
+    assert alone.plans == {}
+
+
+def test_proportional_incumbent_by_hand(job):
+    from solver.planner.replicas import _try_proportional
+    isl = job_islands(job).islands
+    part = ((isl[0],), (isl[2],))
+    shares = proportional_shares(job, part, 8)
+    extra = allreduce_s(job, part)
+    value = max(plan_job(replica_job(job, g, b)).iteration_time_s
+                for g, b in zip(part, shares)) + extra
+    reps = _Replicas(job, PlannerConfig(), None)
+    st = _State(value * 1.5)
+    _try_proportional(reps, part, 8, st)
+    assert st.value == pytest.approx(value) and st.choice == (part, shares)
+    for worse in (value, value / 1.5):  # a tie or a better incumbent is kept
+        st = _State(worse)
+        _try_proportional(reps, part, 8, st)
+        assert st.value == worse and st.choice is None
+
+
+def test_a_partition_below_every_floor_is_settled_without_planning(job):
+    from solver.planner.replicas import _solve_partition
+    isl = job_islands(job).islands
+    part = ((isl[0],), (isl[2],))
+    extra = allreduce_s(job, part)
+    reps = _Replicas(job, PlannerConfig(), None)
+    st = _State(extra * 1.01)  # leaves 1% of the all-reduce for the replicas: nothing fits
+    assert _solve_partition(reps, part, 8, st, math.inf) is True
+    assert reps.plans == {} and st.choice is None
+
+
+def test_export_refusal_text():
+    from solver.planner.replica_plan import not_exportable
+    assert not_exportable((24, 8)) == (
+        "the plan trains 2 pipeline replicas with batch shares [24, 8]; FlagScale's "
+        "heterogeneous meshes form one pipeline and Megatron-LM runs one layout, so neither "
+        "trains uneven shares on separate pipelines (plan with [constraints] max_replicas = 1 "
+        "for an exportable plan)")
+
+
+def test_one_partition_solved_from_scratch_equals_its_brute_force(job):
+    """With no incumbent the exact pass plans every share of the partition and its DP must
+    find the brute-force min-max (plus the all-reduce)."""
+    from solver.planner.replicas import _solve_partition
+    isl = job_islands(job).islands
+    part = ((isl[0],), (isl[2],))
+    extra = allreduce_s(job, part)
+    reps = _Replicas(job, PlannerConfig(), None)
+    st = _State(math.inf)
+    assert _solve_partition(reps, part, 8, st, math.inf) is True
+    t = {(g, b): plan_job(replica_job(job, g, b)).iteration_time_s
+         for g in part for b in range(8, 57, 8)}
+    brute = min((max(t[part[0], b], t[part[1], 64 - b]) + extra, (b, 64 - b))
+                for b in range(8, 57, 8))
+    assert st.value == pytest.approx(brute[0]) and st.choice == (part, brute[1])
+    assert len(reps.plans) == 14  # every share of both replicas was planned
+    stopped = _State(math.inf)
+    assert _solve_partition(_Replicas(job, PlannerConfig(), None), part, 8, stopped, 0.0) is False
+
+
+def test_partitions_of_three_islands_by_hand(job):
+    from solver.planner.replicas import partitions
+    a, b, c = job_islands(job).islands
+    got = {frozenset(frozenset(i.name for i in g) for g in p) for p in partitions((a, b, c), 3)}
+    n = lambda *xs: frozenset(x.name for x in xs)  # noqa: E731
+    assert got == {frozenset({n(a), n(b), n(c)}), frozenset({n(a, b), n(c)}),
+                   frozenset({n(a, c), n(b)}), frozenset({n(a), n(b, c)}),
+                   frozenset({n(a), n(b)}), frozenset({n(a), n(c)}), frozenset({n(b), n(c)})}
+    assert all(g for p in partitions((a, b, c), 3) for g in p)
+    assert list(partitions((), 3)) == [] and list(partitions((a,), 3)) == []
+
+
+def test_plan_replicas_passes_the_parallelizer_and_reports_its_own_time(job):
+    import time as clock
+    from solver.cost.parallelizer import AnalyticParallelizer
+    from solver.planner.replicas import ReplicaOptions, plan_replicas
+
+    class Spy(AnalyticParallelizer):
+        used = 0
+
+        def plan_stages(self, *a, **k):
+            Spy.used += 1
+            return super().plan_stages(*a, **k)
+
+    single = plan_job(job)
+    t0 = clock.perf_counter()
+    rp = plan_replicas(job, single, parallelizer=Spy(FeaturePreset.FULL),
+                       options=ReplicaOptions(share_steps=8, workers=2))
+    wall = clock.perf_counter() - t0
+    assert Spy.used > 0  # a given parallelizer is used (and no pool is started for it)
+    assert single.solver.time_s <= rp.solver.time_s <= single.solver.time_s + wall
+
+
+def test_a_pool_is_started_only_for_several_workers_and_no_parallelizer(job, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+    from solver.cost.parallelizer import AnalyticParallelizer
+    from solver.planner.replicas import ReplicaOptions, plan_replicas
+    started, asked = [], []
+
+    class Recording(ThreadPoolExecutor):
+        def __init__(self, workers):
+            started.append(workers)
+            super().__init__(workers)
+
+        def submit(self, *a, **k):
+            asked.append(a[3:5])
+            return super().submit(*a, **k)
+
+    monkeypatch.setattr(replicas, "ProcessPoolExecutor", Recording)
+    single = plan_job(job)
+    plan_replicas(job, single, options=ReplicaOptions(share_steps=8, workers=2))
+    assert started == [2] and asked  # the pool planned shares
+    plan_replicas(job, single, options=ReplicaOptions(share_steps=8, workers=1))
+    plan_replicas(job, single, parallelizer=AnalyticParallelizer(FeaturePreset.FULL),
+                  options=ReplicaOptions(share_steps=8, workers=2))
+    assert started == [2]
+
+
+def test_holds_model_boundary_by_hand(job):
+    from dataclasses import replace
+    a100 = (job_islands(job).islands[2],)
+    m = job.model
+    # 8 x 80 GB at (1 - 0.1): 576 GB for 18 B/param -> 32e9 parameters.
+    fixed = m.total_params - m.layers * m.params_per_layer
+    most = int((576e9 / 18 - fixed) // m.params_per_layer)
+    assert holds_model(replace(job, model=replace(m, layers=most)), a100)
+    assert not holds_model(replace(job, model=replace(m, layers=most + 1)), a100)
+
+
+def test_result_reports_gap_name_calls_and_the_single_plans_islands(job):
+    from solver.planner.replicas import ReplicaOptions, plan_replicas
+    single = plan_job(job)
+    stopped = plan_replicas(job, single, options=ReplicaOptions(share_steps=8, time_limit_s=1e-9))
+    info = stopped.solver
+    assert info.name == "replicas" and not info.optimal
+    assert info.gap == pytest.approx((stopped.iteration_time_s - info.bound)
+                                     / stopped.iteration_time_s)
+    assert 0 <= info.gap < 1 and info.parallelizer_calls >= single.solver.parallelizer_calls
+    used = tuple(i for i in single.islands.islands
+                 if any(s.island.name == i.name for s in single.stages))
+    assert stopped.replicas[0].islands == used and stopped.replicas[0].plan is single

@@ -96,6 +96,8 @@ def test_share_unit_gives_whole_micro_batches():
     assert share_unit(T(1024, 4), 64) == 16
     assert share_unit(T(12, None), 5) == 3    # 12 / 3 = 4 units <= 5
     assert share_unit(T(64, 4), 8) == 8
+    assert share_unit(T(64, 4), 64) == 4     # every micro-step a unit
+    assert share_unit(T(64, 4), 1) == 64     # one unit: the whole batch
 
 
 def test_allreduce_by_hand(mini):
@@ -276,3 +278,52 @@ def test_share_dp_cpsat_and_brute_force_agree(unit, replicas, data):
     assert cp is not None and cp.optimal
     assert cp.value == pytest.approx(min(finite), abs=10.0 / 1e6)  # scaling tolerance
     assert sum(cp.shares) == batch
+
+
+def test_validator_messages_and_each_rule(mini):
+    job, single, rp = mini
+    from solver.planner.replica_plan import Replica
+    a, b, c = rp.replicas
+    # Two faults reported together, joined by "; ", after the one prefix.
+    both = replace(rp, replicas=(replace(a, share=a.share + 1), replace(b, share=b.share + 1), c))
+    with pytest.raises(PlanInvalid) as err:
+        validate_replicated(both, job)
+    msg = str(err.value)
+    assert msg.startswith("invalid replicated plan: replica 0: share ")
+    assert "; replica 1: share " in msg and f"share unit {rp.share_unit} and of n_micro 4" in msg
+    # A share on the grid of a unit of 2 but not a multiple of n_micro = 4.
+    with pytest.raises(PlanInvalid, match=r"replica 0: share 6 is not .* and of n_micro 4"):
+        validate_replicated(replace(rp, share_unit=2, replicas=(replace(a, share=6), b, c)), job)
+    # The third replica reuses the first one's islands: named, even past an unrelated one.
+    reuse = replace(rp, replicas=(a, b, replace(c, islands=a.islands)))
+    with pytest.raises(PlanInvalid, match=rf"replica 2: islands \['{a.islands[0].name}'\] "
+                                          "belong to another replica"):
+        validate_replicated(reuse, job)
+    swapped = replace(rp, replicas=(replace(a, islands=b.islands), replace(b, islands=a.islands), c))
+    with pytest.raises(PlanInvalid, match="outside the replica"):
+        validate_replicated(swapped, job)
+    validate_replicated(rp, replace(job, constraints=replace(job.constraints, max_replicas=3)))
+    one = type(rp)(job, (Replica(rp.islands, 64, single),), 0.0, rp.solver, 8, (7, 7), rp.islands)
+    validate_replicated(one, job)
+    with pytest.raises(PlanInvalid, match="one replica needs no all-reduce across replicas"):
+        validate_replicated(replace(one, allreduce_s=0.1), job)
+
+
+def test_allreduce_without_a_cluster_figure_uses_the_smallest_nic(mini):
+    job, _, rp = mini
+    bare = replace(job, cluster=replace(job.cluster, inter_island_gbits=None))
+    groups = [r.islands for r in rp.replicas]
+    nic = min(n.nic_gbits for g in groups for i in g for n in i.nodes)
+    expect = 2 * 2 / 3 * job.model.total_params * 4 / 8 / (nic / 8 * 1e9)
+    assert allreduce_s(bare, groups) == pytest.approx(expect, rel=1e-12)
+    validate_replicated(replace(rp, job=bare, allreduce_s=allreduce_s(bare, groups),
+                                replicas=tuple(replace(r, plan=r.plan) for r in rp.replicas)), bare)
+
+
+def test_replica_job_restricts_islands_and_batch(mini):
+    job, _, rp = mini
+    sub = replica_job(job, rp.replicas[0].islands, 24)
+    assert sub.training.global_batch == 24 and sub.training.n_micro == job.training.n_micro
+    assert sub.constraints.islands == tuple(i.name for i in rp.replicas[0].islands)
+    assert sub.constraints.exclude_islands is None and sub.constraints.max_replicas == 1
+    assert replica_job(job, ["x", "y"], 8).constraints.islands == ("x", "y")

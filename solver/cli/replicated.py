@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from solver.cli.report import (compact_ids, emit_json, island_json, island_rows, render_table,
+from solver.cli.report import (emit_json, idle_lines, island_json, island_rows, render_table,
                                stage_rows)
 from solver.planner.replica_plan import ReplicatedPlan, not_exportable, replicated_json
 
@@ -61,11 +61,7 @@ def render_replicated(rp: ReplicatedPlan) -> str:
                       f" + per-iteration {p.iteration_extra_s:.3f} s), n_micro {p.n_micro}, "
                       f"bubble {p.bubble_ratio:.1%}",
                   render_table(stage_rows(p))]
-    by_reason: dict[str, list[str]] = {}
-    for node, why in rp.idle:
-        by_reason.setdefault(why, []).append(node)
-    lines += [""] * bool(by_reason) + [f"idle: {compact_ids(v)} ({len(v)} nodes): {why}"
-                                       for why, v in by_reason.items()]
+    lines += idle_lines(rp.idle)
     info = rp.solver
     proven = "proven optimal" if info.optimal else \
         f"NOT proven optimal (bound {info.bound:.4g} s, gap {info.gap:.1%})"

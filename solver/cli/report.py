@@ -96,3 +96,12 @@ def stage_rows(plan) -> list[dict]:
                      "offload": "yes" if c.offload else "no", "mb/rank": c.micro_batch,
                      "latency ms": s.plan.latency_s * 1e3, "mem GB": s.plan.memory_gb})
     return rows
+
+
+def idle_lines(idle) -> list[str]:
+    """One line per reason nodes stay idle, after a blank line (nothing when none is idle)."""
+    by_reason: dict[str, list[str]] = {}
+    for node, why in idle:
+        by_reason.setdefault(why, []).append(node)
+    return [""] + [f"idle: {compact_ids(nodes)} ({len(nodes)} node{'s' * (len(nodes) > 1)}): "
+                   f"{why}" for why, nodes in by_reason.items()] if by_reason else []

@@ -176,6 +176,11 @@ def _plan_share(job: JobSpec, config: PlannerConfig, names: tuple[str, ...], sha
         return None
 
 
+def _key(group: Sequence[Island], share: int) -> tuple[tuple[str, ...], int]:
+    """Memo key of a replica: its islands' names and its share."""
+    return tuple(i.name for i in group), share
+
+
 class _Replicas:
     """Replica plans by (islands, share), each planned once, in a pool when one is given.
 
@@ -202,7 +207,7 @@ class _Replicas:
 
     def prefetch(self, asks: Sequence[tuple[tuple[Island, ...], int, float]]) -> None:
         """Plan the asks :meth:`time` cannot answer yet, in parallel (a no-op without a pool)."""
-        todo = {((tuple(i.name for i in g), b)): u for g, b, u in asks}
+        todo = {_key(g, b): u for g, b, u in asks}
         todo = {k: u for k, u in todo.items() if not self._known(k, u)}
         if self.pool is None or len(todo) < 2:
             return
@@ -213,7 +218,7 @@ class _Replicas:
 
     def time(self, group: tuple[Island, ...], share: int, budget: float = math.inf) -> float:
         """The replica's iteration time, or ``inf`` when no plan is faster than ``budget``."""
-        key = (tuple(i.name for i in group), share)
+        key = _key(group, share)
         if not self._known(key, budget):
             self._store(key, _plan_share(self.job, self.config, key[0], share, budget, self.par),
                         budget)
@@ -222,7 +227,7 @@ class _Replicas:
 
     def plan(self, group: tuple[Island, ...], share: int) -> Plan:
         """The plan found by :meth:`time` for shares that won."""
-        got = self.plans[(tuple(i.name for i in group), share)]
+        got = self.plans[_key(group, share)]
         assert isinstance(got, Plan)
         return got
 
@@ -235,6 +240,7 @@ class _State:
     choice: tuple[Partition, tuple[int, ...]] | None = None
     settled: int = 0
     open_bound: float = math.inf
+    total: int = 0
 
 
 def _solve_partition(reps: _Replicas, part: Partition, unit: int, st: _State,
@@ -317,8 +323,7 @@ def plan_replicas(job: JobSpec, single: Plan, config: PlannerConfig = PlannerCon
     with ProcessPoolExecutor(options.workers) if pooled else nullcontext() as pool:
         reps = _Replicas(job, config, parallelizer, pool)
         st = _search(reps, single, islands, limit, unit, start + options.time_limit_s)
-    return _result(job, single, reps, st, unit, (len(list(partitions(islands, limit))), islands),
-                   time.perf_counter() - start)
+    return _result(job, single, reps, st, unit, (st.total, islands), time.perf_counter() - start)
 
 
 def _search(reps: _Replicas, single: Plan, islands: tuple[Island, ...], limit: int, unit: int,
@@ -327,6 +332,7 @@ def _search(reps: _Replicas, single: Plan, islands: tuple[Island, ...], limit: i
     job = reps.job
     st = _State(single.iteration_time_s)
     every = list(partitions(islands, limit))
+    st.total = len(every)
     parts = sorted((p for p in every if all(holds_model(job, g) for g in p)),
                    key=lambda p: partition_bound(job, p))
     for part in parts:  # a good incumbent first narrows every window of the exact pass

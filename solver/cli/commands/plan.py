@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from solver.cli.report import (compact_ids, emit_json, island_json, island_rows,
-                               render_table, stage_rows)
+from solver.cli.report import (emit_json, idle_lines, island_json, island_rows, render_table,
+                               stage_rows)
 from solver.planner.baselines import Baseline, plan_baseline
 from solver.planner.plan import Plan, plan_json
 from solver.planner.replica_plan import ReplicatedPlan, replicated_json
@@ -48,6 +48,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def planner_config(args: argparse.Namespace) -> PlannerConfig:
+    """The planner options the flags set (None: the job's)."""
+    return PlannerConfig(solver=SolverKind(args.solver) if args.solver else None,
+                         features=FeaturePreset(args.features) if args.features else None,
+                         time_limit_s=args.time_limit)
+
+
 def make_plan(args: argparse.Namespace) -> Plan:
     """The plan the flags ask for (validated)."""
     job = load_job(args.job)
@@ -56,8 +63,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         return plan_baseline(job, Baseline(args.baseline), features=features)
     if args.time_limit is not None and not args.time_limit > 0:
         raise InputError("<cli>", "--time-limit", f"must be > 0 seconds, got {args.time_limit}")
-    config = PlannerConfig(solver=SolverKind(args.solver) if args.solver else None,
-                           features=features, time_limit_s=args.time_limit)
+    config = planner_config(args)
     from solver.studies.pareto import plan_with_targets
     parallelizer = None
     if args.cache:
@@ -82,10 +88,7 @@ def search_replicas(args: argparse.Namespace, plan: Plan) -> ReplicatedPlan | No
         raise InputError("<cli>", "--workers", f"must be >= 1, got {args.workers}")
     options = ReplicaOptions(workers=args.workers) if limit is None else \
         ReplicaOptions(time_limit_s=limit, workers=args.workers)
-    config = PlannerConfig(solver=SolverKind(args.solver) if args.solver else None,
-                           features=FeaturePreset(args.features) if args.features else None,
-                           time_limit_s=args.time_limit)
-    return plan_replicas(job, plan, config, options=options)
+    return plan_replicas(job, plan, planner_config(args), options=options)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,15 +138,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _idle_lines(plan: Plan) -> list[str]:
-    """One line per reason nodes stay idle (nothing when every node hosts a stage)."""
-    by_reason: dict[str, list[str]] = {}
-    for node, why in plan.idle:
-        by_reason.setdefault(why, []).append(node)
-    return [""] + [f"idle: {compact_ids(nodes)} ({len(nodes)} node{'s' * (len(nodes) > 1)}): "
-                   f"{why}" for why, nodes in by_reason.items()] if by_reason else []
-
-
 def render_plan(plan: Plan) -> str:
     """Readable plan: islands, stages, objective, solver."""
     job = plan.job
@@ -152,7 +146,7 @@ def render_plan(plan: Plan) -> str:
              f"{job.training.seq_len} tokens", "", "islands:",
              render_table(island_rows(plan.islands.islands)), "", "stages:"]
     lines.append(render_table(stage_rows(plan)))
-    lines += _idle_lines(plan)
+    lines += idle_lines(plan.idle)
     if plan.view != "islands":
         lines += ["", f"view: the {plan.view} as one island at its weakest node's figures "
                       "(a heterogeneity-oblivious plan) beats every plan over the islands"]

@@ -15,6 +15,7 @@ from solver.schedule.simulator import EventKind, SimResult
 from solver.spec.errors import InputError
 
 if TYPE_CHECKING:
+    from solver.planner.plan import Plan
     from solver.schedule.report import SimulatedPlan
 
 #: Colours by event kind (read-only), and of idle time (the bubbles).
@@ -22,6 +23,8 @@ COLOURS = MappingProxyType({EventKind.FORWARD: "#4C72B0", EventKind.BACKWARD: "#
                             EventKind.SEND_ACTIVATION: "#55A868",
                             EventKind.SEND_GRADIENT: "#8172B3"})
 IDLE_COLOUR = "#F4CCCC"
+SYNC_COLOUR = "#937860"
+SYNC_LABEL = "gradient sync + optimizer step (per iteration)"
 LABELS = MappingProxyType({EventKind.FORWARD: "forward", EventKind.BACKWARD: "backward",
                            EventKind.SEND_ACTIVATION: "send activation",
                            EventKind.SEND_GRADIENT: "send gradient"})
@@ -48,42 +51,87 @@ def _save(fig: Any, path: str | Path) -> Path:
     return path
 
 
-def _gantt(ax: Any, result: SimResult, labels: Sequence[str]) -> None:
-    """Stages (and the links between them) as rows; idle stage time shaded as bubbles."""
+def _rows(result: SimResult) -> dict[tuple[str, int], int]:
+    """Row of every stage and of every boundary that carries a transfer (stage ``i`` on row
+    ``2i``, boundary ``k`` between them on ``2k + 1``; the interleaved wrap-around from the last
+    stage back to the first, boundary ``P − 1``, on the row below the last stage)."""
     p = len(result.busy_s)
+    links = set(range(len(result.link_busy_s)))
+    links |= {e.stage for e in result.events if not e.kind.is_compute}
     rows = {("stage", i): 2 * i for i in range(p)}
-    rows.update({("link", k): 2 * k + 1 for k in range(len(result.link_busy_s))})
-    for i in range(p):
-        ax.broken_barh([(0.0, result.makespan_s)], (rows[("stage", i)] - 0.4, 0.8),
-                       facecolors=IDLE_COLOUR, label="idle (bubble)" if i == 0 else None)
+    rows.update({("link", k): 2 * k + 1 for k in sorted(links)})
+    return rows
+
+
+def _link_label(result: SimResult, k: int, p: int) -> str:
+    busy = sum(e.end - e.start for e in result.events if not e.kind.is_compute and e.stage == k)
+    name = "wrap link (last -> first)" if k == p - 1 else f"link {k}"
+    if not any(not e.kind.is_compute and e.stage == k for e in result.events):
+        return f"{name}\nno transfer of its own\n(p2p in the stage times)"
+    return f"{name}\n{1e3 * busy:,.1f} ms busy"
+
+
+def _transfers(ax: Any, result: SimResult, rows: dict) -> None:
+    """Every transfer as a bar of its duration and a tick at its start: most last a few ms of
+    a many-second iteration, too thin to see as bars alone."""
+    for kind in (EventKind.SEND_ACTIVATION, EventKind.SEND_GRADIENT):
+        sends = [e for e in result.events if e.kind is kind]
+        if not sends:
+            continue
+        ys = [rows[("link", e.stage)] for e in sends]
+        for y in sorted(set(ys)):
+            ax.broken_barh([(e.start, e.end - e.start) for e, row in zip(sends, ys) if row == y],
+                           (y - 0.22, 0.45), facecolors=COLOURS[kind])
+        ax.plot([e.start for e in sends], ys, linestyle="none", marker="|", markersize=9,
+                color=COLOURS[kind], label=f"{LABELS[kind]} ({len(sends)})")
+
+
+def _compute(ax: Any, result: SimResult, rows: dict) -> None:
     spans: dict[tuple[int, EventKind], list[tuple[float, float]]] = {}
     for e in result.events:
-        row = rows[("stage" if e.kind.is_compute else "link", e.stage)]
-        spans.setdefault((row, e.kind), []).append((e.start, e.end - e.start))
-    seen: set[EventKind] = set()
+        if e.kind.is_compute:
+            spans.setdefault((rows[("stage", e.stage)], e.kind), []).append(
+                (e.start, e.end - e.start))
     few = len(result.events) <= MAX_LABELLED_EVENTS
+    seen: set[EventKind] = set()
     for (row, kind), bars in sorted(spans.items(), key=lambda kv: (kv[0][0], kv[0][1].value)):
-        height = 0.8 if kind.is_compute else 0.45
         # White separators only while bars are wide enough; they would swallow thin ones.
-        ax.broken_barh(bars, (row - height / 2, height), facecolors=COLOURS[kind],
-                       edgecolors="white" if few and kind.is_compute else "none",
-                       linewidth=0.4, label=None if kind in seen else LABELS[kind])
+        ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=COLOURS[kind],
+                       edgecolors="white" if few else "none", linewidth=0.4,
+                       label=None if kind in seen else LABELS[kind])
         seen.add(kind)
     if few:
         for e in result.events:
             if e.kind.is_compute:
                 ax.text((e.start + e.end) / 2, rows[("stage", e.stage)], str(e.micro),
                         ha="center", va="center", fontsize=6, color="white")
+
+
+def _gantt(ax: Any, result: SimResult, labels: Sequence[str],
+           sync_s: Sequence[float] | None = None) -> None:
+    """Stages and the links between them as rows; idle stage time shaded as bubbles; every
+    transfer; each stage's per-iteration gradient sync and optimizer step after the pipeline."""
+    p = len(result.busy_s)
+    rows = _rows(result)
+    end = result.makespan_s + max(sync_s or [0.0])
+    for i in range(p):
+        ax.broken_barh([(0.0, result.makespan_s)], (rows[("stage", i)] - 0.4, 0.8),
+                       facecolors=IDLE_COLOUR, label="idle (bubble)" if i == 0 else None)
+    _compute(ax, result, rows)
+    _transfers(ax, result, rows)
+    for i, t in enumerate(sync_s or []):
+        ax.broken_barh([(result.makespan_s, t)], (rows[("stage", i)] - 0.4, 0.8),
+                       facecolors=SYNC_COLOUR, label=SYNC_LABEL if i == 0 else None)
+    if sync_s:  # often a few ms of a many-second iteration: mark where it starts
+        ax.axvline(result.makespan_s, color=SYNC_COLOUR, linestyle=":", linewidth=1.0)
     ticks = sorted(rows.items(), key=lambda kv: kv[1])
     ax.set_yticks([y for _, y in ticks])
-    # Transfers are often too short to see at this scale: the label says how busy the link is.
-    ax.set_yticklabels([labels[k[1]] if k[0] == "stage" else
-                        f"link {k[1]}\n{1e3 * result.link_busy_s[k[1]]:,.0f} ms busy"
+    ax.set_yticklabels([labels[k[1]] if k[0] == "stage" else _link_label(result, k[1], p)
                         for k, _ in ticks], fontsize=8)
-    ax.set_ylim(2 * p - 1.5, -0.5)
-    ax.set_xlim(0.0, result.makespan_s)
+    ax.set_ylim(max(rows.values()) + 0.5, -0.5)
+    ax.set_xlim(0.0, end)
     ax.set_xlabel("time in the iteration (s)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=5, fontsize=8, frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=6, fontsize=8, frameon=False)
 
 
 def _layer_split(ax: Any, split: Sequence[tuple[str, int, int]], layers: int) -> None:
@@ -104,7 +152,7 @@ def _layer_split(ax: Any, split: Sequence[tuple[str, int, int]], layers: int) ->
 
 def plot_schedule(result: SimResult, path: str | Path, stage_labels: Sequence[str],
                   layer_split: Sequence[tuple[str, int, int]], layers: int,
-                  title: str = "") -> Path:
+                  title: str = "", sync_s: Sequence[float] | None = None) -> Path:
     """Gantt chart of a simulated schedule with the layer split beside it; returns ``path``.
 
     Parameters
@@ -121,28 +169,50 @@ def plot_schedule(result: SimResult, path: str | Path, stage_labels: Sequence[st
         Layers of the model.
     title : str
         Figure title.
+    sync_s : Sequence[float] | None
+        Per stage row: its per-iteration gradient sync and optimizer step, drawn after the
+        pipeline (the iteration ends when the longest of them does).
     """
-    p = len(result.busy_s)
-    fig = _figure(13.0, 2.2 + 0.55 * (2 * p - 1))
+    return _save(schedule_figure(result, stage_labels, layer_split, layers, title, sync_s), path)
+
+
+def schedule_figure(result: SimResult, stage_labels: Sequence[str],
+                    layer_split: Sequence[tuple[str, int, int]], layers: int, title: str = "",
+                    sync_s: Sequence[float] | None = None) -> Any:
+    """The figure :func:`plot_schedule` writes (same parameters, no file): Gantt axes first."""
+    fig = _figure(13.0, 2.2 + 0.55 * (2 * len(result.busy_s) - 1))
     grid = fig.add_gridspec(1, 2, width_ratios=[5, 1])
-    _gantt(fig.add_subplot(grid[0, 0]), result, stage_labels)
+    _gantt(fig.add_subplot(grid[0, 0]), result, stage_labels, sync_s)
     _layer_split(fig.add_subplot(grid[0, 1]), layer_split, layers)
     fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return fig
 
 
 def plot_plan_schedule(sim: "SimulatedPlan", path: str | Path) -> Path:
-    """:func:`plot_schedule` of a simulated plan, labelled with its islands."""
+    """:func:`plot_schedule` of a simulated plan, labelled with its islands and GPU models (the
+    full catalog name: A100-SXM-40GB and A100-SXM-80GB are told apart)."""
     plan = sim.plan
-    labels, split = [], []
-    for s in plan.stages:
-        pp = len(s.plan.stage_latencies)
-        labels += [s.island.name if pp == 1 else f"{s.island.name} [{j}]" for j in range(pp)]
-        split.append((f"{s.island.gpus} x {s.island.gpu.name.split('-')[0]}", s.start, s.end))
+    labels, split, sync = plan_rows(plan)
     title = (f"{plan.job.name}: {sim.spec.schedule.value}, n_micro {plan.n_micro}, pipeline "
              f"{sim.result.makespan_s:.3f} s simulated vs {plan.pipeline_time_s:.3f} s closed "
-             f"form, bubble {sim.result.bubble_ratio:.1%}")
-    return plot_schedule(sim.result, path, labels, split, plan.job.model.layers, title)
+             f"form, bubble {sim.result.bubble_ratio:.1%}, then "
+             f"{1e3 * plan.iteration_extra_s:,.0f} ms per-iteration sync")
+    return plot_schedule(sim.result, path, labels, split, plan.job.model.layers, title, sync)
+
+
+def plan_rows(plan: "Plan") -> tuple[list[str], list[tuple[str, int, int]], list[float]]:
+    """Row labels (one per pipeline sub-stage), the layer split (one per stage) and each row's
+    per-iteration sync + optimizer seconds, with GPU models by their full catalog names."""
+    labels, split, sync = [], [], []
+    for s in plan.stages:
+        pp = len(s.plan.stage_latencies)
+        # The stage's own nodes: a merged island may mix models its weakest name hides.
+        gpu = " + ".join(sorted({n.gpu.name for n in (s.nodes or s.island.nodes)}))
+        name = s.island.name if gpu in s.island.name else f"{s.island.name} ({gpu})"
+        labels += [name if pp == 1 else f"{name} [{j}]" for j in range(pp)]
+        sync += [s.plan.iteration_s] * pp
+        split.append((f"{s.gpus} x {gpu}", s.start, s.end))
+    return labels, split, sync
 
 
 def plot_sweep(n_micro: Sequence[int], tokens_per_s: Sequence[float | None],

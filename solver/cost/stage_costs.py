@@ -233,6 +233,22 @@ def split_layers(layers: int, pp: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     return np.where(pp == 1, layers, first), second, np.where(pp == 1, layers, base)
 
 
+def light_middle(layers: int, pp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The first middle sub-stage without an extra layer: its layers, its index, and whether
+    it exists (some middle sub-stages got an extra layer and some did not).
+
+    Middle sub-stages come in at most these two kinds (:func:`substage_layers`). Latency and
+    memory grow with layers and position, so the second sub-stage bounds them; the exposed
+    gradient sync does not (a sub-stage whose gradients fit one bucket hides none of it), so
+    the lighter kind is weighed too.
+    """
+    pp = np.asarray(pp)
+    base, rem = np.divmod(layers, pp)
+    middle_extra = np.minimum(rem, np.maximum(pp - 2, 0))
+    exists = (pp >= 3) & (middle_extra > 0) & (pp - 2 > middle_extra)
+    return base, 1 + middle_extra, exists
+
+
 def in_flight_of(pipe: PipelineSetting, pp: np.ndarray, j: np.ndarray) -> np.ndarray:
     """Micro-batches of activations sub-stage ``j`` of ``pp`` holds (see the module docstring)."""
     if pipe.schedule is Schedule.GPIPE:
@@ -285,16 +301,20 @@ def stage_costs(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays
         return StageCosts(one.fwd, one.bwd, one.latency, one.dp_s, one.optimizer_s, one.memory,
                           one.memory.host)
     first, second, last = split_layers(slc.layers, pp)
+    light, light_at, has_light = light_middle(slc.layers, pp)
     only = pp == 1
     factor = _p2p_factor(pipe)
+    none = np.asarray(False)
     s0 = substage_costs(ti, cfg, first, np.asarray(slc.has_embedding),
                         slc.has_head & only, in_flight_of(pipe, pp, np.zeros_like(pp)), factor,
                         fp8)
-    s1 = substage_costs(ti, cfg, second, np.asarray(False), np.asarray(False),
-                        in_flight_of(pipe, pp, np.ones_like(pp)), factor, fp8)
-    s2 = substage_costs(ti, cfg, last, np.asarray(False), np.asarray(slc.has_head),
+    s1 = substage_costs(ti, cfg, second, none, none, in_flight_of(pipe, pp, np.ones_like(pp)),
+                        factor, fp8)
+    s1b = substage_costs(ti, cfg, light, none, none, in_flight_of(pipe, pp, light_at), factor,
+                         fp8)
+    s2 = substage_costs(ti, cfg, last, none, np.asarray(slc.has_head),
                         in_flight_of(pipe, pp, pp - 1), factor, fp8)
-    reps = [(s0, np.ones_like(only)), (s1, pp >= 3), (s2, pp >= 2)]
+    reps = [(s0, np.ones_like(only)), (s1, pp >= 3), (s1b, has_light), (s2, pp >= 2)]
     return _combine(reps)
 
 

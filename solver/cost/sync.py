@@ -35,8 +35,10 @@ def _collectives(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.
     bw_e, lat_e = ti.links.data_parallel(cfg.tp * cfg.ep, q_expert)
 
     def coll(bytes_per_param: float, factor: float = 1.0) -> np.ndarray:
-        return (ring_time(bytes_per_param * dense, q_dense, bw_d, lat_d, factor)
-                + ring_time(bytes_per_param * expert, q_expert, bw_e, lat_e, factor))
+        # No expert weights (a dense model, or no layer here): no expert collective to run.
+        experts = np.where(expert > 0, ring_time(bytes_per_param * expert, q_expert, bw_e,
+                                                 lat_e, factor), 0.0)
+        return ring_time(bytes_per_param * dense, q_dense, bw_d, lat_d, factor) + experts
 
     buckets = np.maximum(np.ceil((dense + expert) / ti.profile.bucket_params(cfg.dp)), 1.0)
     local = np.where(cfg.zero >= 1, dense / q_dense + expert / q_expert, dense + expert)

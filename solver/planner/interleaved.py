@@ -81,26 +81,28 @@ def _best_of(plans: list[PartialPlan], job: JobSpec, n: int, v: int
 
 def best_interleaved(job: JobSpec, features: FeaturePreset, ns: list[int],
                      parallelizer: Parallelizer, bar: float,
-                     views: list[tuple[IslandSet, str]]) -> Plan | None:
-    """The fastest interleaved plan of the family faster than ``bar`` seconds (None if none).
+                     views: list[tuple[IslandSet, str]]) -> tuple[Plan | None, int]:
+    """The fastest interleaved plan of the family faster than ``bar`` seconds (None if none),
+    and the parallelizer calls the search made (one per group, n_micro and ``v``).
 
     ``ns``: micro-batch counts to try; ``views``: the island sets (and view names) the
     composition searched, whose islands host the candidate pipelines.
     """
     if not interleaving_allowed(profile(job.planner.framework), meshes=1) or \
             not job.constraints.allows_schedule(Schedule.INTERLEAVED):
-        return None
-    best = None
+        return None, 0
+    best, calls = None, [0]
     for islands, view in views:
         for island in islands.islands:
-            found = _on_island(job, features, ns, parallelizer, island, bar)
+            found = _on_island(job, features, ns, parallelizer, island, bar, calls)
             if found is not None and found[0] < bar:
                 bar, best = found[0], (found, islands, view, island)
-    return None if best is None else _decode(job, *best)
+    return (None if best is None else _decode(job, *best, calls[0])), calls[0]
 
 
-def _on_island(job, features, ns, parallelizer, island, bar):
-    """(time, plan, nodes, n, v) of the fastest interleaved plan on a group of ``island``."""
+def _on_island(job, features, ns, parallelizer, island, bar, calls: list[int]):
+    """(time, plan, nodes, n, v) of the fastest interleaved plan on a group of ``island``;
+    ``calls[0]`` counts the parallelizer calls."""
     best = None
     for nodes in range(len(island.nodes), 0, -1):
         if compute_floor(job, island, nodes) >= bar:
@@ -109,6 +111,7 @@ def _on_island(job, features, ns, parallelizer, island, bar):
         for n in ns:
             for v in chunk_counts(job.model.layers, job.constraints.virtual_stages):
                 ctx = _context(job, features, n, v, nodes, island)
+                calls[0] += 1
                 found = _best_of(parallelizer.plan(ModelSlice.whole(job.model), group, ctx),
                                  job, n, v)
                 if found is not None and found[0] < bar:
@@ -116,7 +119,8 @@ def _on_island(job, features, ns, parallelizer, island, bar):
     return best
 
 
-def _decode(job: JobSpec, found, islands: IslandSet, view: str, island: Island) -> Plan:
+def _decode(job: JobSpec, found, islands: IslandSet, view: str, island: Island,
+            calls: int) -> Plan:
     t, partial, nodes, n, v = found
     order = sorted(island.nodes, key=node_key)
     stage = StagePlan(island, 0, job.model.layers, Position.ONLY, 1, partial,
@@ -128,5 +132,5 @@ def _decode(job: JobSpec, found, islands: IslandSet, view: str, island: Island) 
                   f"island {i.name} is not in the optimal plan (one interleaved pipeline)")
                  for i in islands.islands for x in sorted(i.nodes, key=node_key)
                  if x.node_id not in busy)
-    info = SolverInfo("interleaved", True, 0.0, 0)
+    info = SolverInfo("interleaved", True, 0.0, calls)
     return Plan(job, islands, (stage,), (), n, job.planner.overlap, info, idle, view, v)

@@ -212,8 +212,9 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
                 best = (found, r)
     bar = best[0].total * (1 - REL_TIE) if best is not None else upper
     seen = {r.view: r.islands for r in tried}
-    alt = best_interleaved(job, config.features or job.planner.features, ns, par, bar,
-                           [(isl, view) for view, isl in seen.items()])
+    alt, alt_calls = best_interleaved(job, config.features or job.planner.features, ns, par, bar,
+                                      [(isl, view) for view, isl in seen.items()])
+    calls += alt_calls  # every call the plan cost, as a caching parallelizer counts them
     if alt is not None:
         plan = replace(alt, solver=SolverInfo(f"{(config.solver or job.planner.solver).value}+interleaved", proven,
                                               time.perf_counter() - start, calls))

@@ -1,8 +1,11 @@
 """Independent validation of a plan against its job.
 
-Nothing the planner computed is trusted: islands are rebuilt from the job, every stage is
-re-evaluated with the cost model at the in-flight count its final position implies, link times
-are recomputed, and the objective is recomputed from those numbers.
+Nothing the planner computed is trusted: islands are rebuilt from the job; every stage's
+sub-stage latencies and per-iteration terms are recomputed by the scalar reference
+(:mod:`solver.planner.time_check`) and its memory both by the independent count
+(:mod:`solver.planner.memory_check`) and by the cost model at the in-flight count its final
+position implies; link times are recomputed, and the objective is recomputed from those numbers
+by this module's own pipeline formula.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ from solver.cost.frameworks import job_runtime
 from solver.cost.efficiency import DEFAULT_CALIBRATION
 from solver.cost.frameworks import interleaving_allowed, profile, violations
 from solver.cost.stage import ConfigArrays, ModelSlice
-from solver.cost.stage_costs import PipelineSetting, stage_costs, substage_latencies
+from solver.cost.stage_costs import PipelineSetting, stage_costs
 from solver.islands import Thresholds, build_islands, whole_cluster
 from solver.planner.memory_check import plan_memory_gb
 from solver.planner.plan import Plan
+from solver.planner.time_check import plan_stage_seconds
 from solver.planner.pruning import LinkModel
 from solver.spec.domain import Island, JobSpec, Schedule
 from solver.spec.errors import InfeasibleError
@@ -52,6 +56,7 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
     out += _interleaving(plan, job) + _constraints(plan, job)
     independent = plan_memory_gb(plan, DEFAULT_CALIBRATION.moe_capacity_factor,
                                  [_flash(s, job) for s in plan.stages])
+    seconds = plan_stage_seconds(plan)
     for i, s in enumerate(plan.stages):
         out += _config(s, job, n)
         held = min(behind[i] + 1, n)
@@ -59,7 +64,8 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
             out.append(f"stage {i} ({s.island.name}): sized for {s.in_flight} micro-batches in "
                        f"flight, its position holds {held}")
         in_flight = max(s.in_flight, held)
-        subs, extra, mem = _evaluate(s, job, n, in_flight, plan.virtual_stages)
+        mem = _model_memory_gb(s, job, n, in_flight, plan.virtual_stages)
+        subs, extra = tuple(seconds[i][0]), seconds[i][1]
         limit = (1 - job.planner.epsilon) * s.island.hbm_gb
         if independent[i] > limit * (1 + REL_TOL):
             out.append(f"stage {i} ({s.island.name}): {independent[i]:.2f} GB per GPU at its "
@@ -70,8 +76,8 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
                        f"micro-batches in flight exceeds (1 - ε)·HBM = {limit:.2f} GB")
         if len(subs) != len(s.plan.stage_latencies) or not all(
                 math.isclose(a, b, rel_tol=1e-6) for a, b in zip(subs, s.plan.stage_latencies)):
-            out.append(f"stage {i}: latencies {s.plan.stage_latencies} do not match the cost "
-                       f"model's {subs}")
+            out.append(f"stage {i}: latencies {s.plan.stage_latencies} do not match the "
+                       f"reference model's {subs}")
         taus.append(subs)
         extras.append(extra)
     links = _links(plan, job)
@@ -218,16 +224,14 @@ def _interleaving(plan: Plan, job: JobSpec) -> list[str]:
     return out
 
 
-def _evaluate(s, job: JobSpec, n: int, in_flight: int, v: int = 1
-              ) -> tuple[tuple[float, ...], float, float]:
+def _model_memory_gb(s, job: JobSpec, n: int, in_flight: int, v: int = 1) -> float:
+    """Per-GPU GB of stage ``s`` by the cost model at ``in_flight`` micro-batches."""
     slc = ModelSlice(job.model, s.end - s.start, s.start == 0, s.end == job.model.layers)
-    cfg = ConfigArrays.of([s.plan.config])
     pipe = PipelineSetting(n, in_flight, Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B,
                            v)
-    costs = stage_costs(slc, s.group, job.training.seq_len, cfg, pipe, runtime=job_runtime(job))
-    subs = substage_latencies(slc, s.group, job.training.seq_len, cfg, pipe,
-                              runtime=job_runtime(job))[0]
-    return subs, float(costs.iteration_s[0]), float(costs.memory.total[0]) / 1e9
+    costs = stage_costs(slc, s.group, job.training.seq_len, ConfigArrays.of([s.plan.config]),
+                        pipe, runtime=job_runtime(job))
+    return float(costs.memory.total[0]) / 1e9
 
 
 def _links(plan: Plan, job: JobSpec) -> list[float]:

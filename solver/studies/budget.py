@@ -73,9 +73,9 @@ def fastest_within_budget(run: PlanningRun, limit: float,
     affordable = tuple(i for i in run.islands.islands if rates[i.name] <= limit * (1 + 1e-12))
     if affordable:
         bar = best.iteration_time_s if best else float("inf")
-        alt = best_interleaved(run.job, run.config.features or run.job.planner.features,
-                               [run.n_micro], run.cache.parallelizer, bar,
-                               [(replace(run.islands, islands=affordable), run.view)])
+        alt, _ = best_interleaved(run.job, run.config.features or run.job.planner.features,
+                                  [run.n_micro], run.cache.parallelizer, bar,
+                                  [(replace(run.islands, islands=affordable), run.view)])
         if alt is not None:
             best = BudgetResult(alt.iteration_time_s, (alt.stages[0].island.name,),
                                 best.optimal if best else True)

@@ -67,3 +67,50 @@ def test_unwritable_plot_path_is_an_input_error(mini_path, tmp_path, capsys):
     target = tmp_path / "missing-dir" / "p.png"
     assert main(["plan", str(mini_path), "--plot", str(target)]) == 2
     assert "--plot" in capsys.readouterr().err
+
+
+def _gantt_axes(result, sync=None):
+    from solver.cli.plots import schedule_figure
+    fig = schedule_figure(result, [f"s{i}" for i in range(len(result.busy_s))],
+                          [("x", 0, 8)], 8, "t", sync)
+    return fig.axes[0]
+
+
+def test_gantt_draws_every_transfer_and_the_sync():
+    """Hand spec: 3 stages, 4 micro-batches -> 2 links x 4 activations and 4 gradients; each
+    transfer is a tick at its start; the per-iteration sync is a bar after the makespan."""
+    r = simulate(PipelineSpec((1.0, 1.0, 1.0), (2.0, 2.0, 2.0), (0.001, 0.002), 4))
+    ax = _gantt_axes(r, [0.5, 0.25, 0.125])
+    ticks = [line for line in ax.get_lines() if line.get_marker() == "|"]
+    starts = sorted(x for line in ticks for x in line.get_xdata())
+    assert starts == sorted(e.start for e in r.events if not e.kind.is_compute)
+    assert len(starts) == 2 * 2 * 4
+    from matplotlib.colors import to_rgba
+    from solver.cli.plots import SYNC_COLOUR
+    sync = [c.get_paths()[0].get_extents() for c in ax.collections
+            if tuple(c.get_facecolor()[0]) == to_rgba(SYNC_COLOUR)]
+    assert [b.x0 for b in sync] == pytest.approx([r.makespan_s] * 3)
+    assert [b.width for b in sync] == pytest.approx([0.5, 0.25, 0.125])
+    assert ax.get_xlim()[1] == pytest.approx(r.makespan_s + 0.5)
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[0] == "s0" and labels[1].startswith("link 0\n") and "ms busy" in labels[1]
+
+
+def test_gantt_labels_tell_gpu_models_apart(tmp_path):
+    from solver.cli.plots import plan_rows
+    from solver.planner.search import plan_job
+    from solver.spec.loaders import load_job
+    job = MINI.replace('gpu = "A100-SXM-80GB"\ncount = 2\nname = "a100"',
+                       'gpu = "A100-SXM-40GB"\ncount = 2\nname = "a100"')
+    job = job.replace('gpu = "H100-SXM-80GB"\ncount = 1\nname = "h100"',
+                      'gpu = "A100-SXM-80GB"\ncount = 2\nname = "big"')
+    path = tmp_path / "two-a100.toml"
+    path.write_text(job)
+    plan = plan_job(load_job(path))
+    labels, split, sync = plan_rows(plan)
+    gpus = {n.gpu.name for s in plan.stages for n in s.nodes}
+    assert gpus == {"A100-SXM-40GB", "A100-SXM-80GB"}
+    for gpu in gpus:  # named in full, even where one island merged both
+        assert any(gpu in label for label in labels) and any(gpu in x[0] for x in split)
+    assert sum(s.plan.config.pp for s in plan.stages) == len(labels) == len(sync)
+    assert max(sync) == pytest.approx(plan.iteration_extra_s)

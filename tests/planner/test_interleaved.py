@@ -60,7 +60,7 @@ def test_homogeneous_job_interleaves_and_matches_brute_force(homog):
 def test_interleaving_is_taken_only_when_it_beats_plain_1f1b(homog, monkeypatch):
     job, plan = homog
     import solver.planner.search as search
-    monkeypatch.setattr(search, "best_interleaved", lambda *a, **k: None)
+    monkeypatch.setattr(search, "best_interleaved", lambda *a, **k: (None, 0))
     plain = plan_job(job)
     assert plain.virtual_stages == 1
     assert plan.iteration_time_s < plain.iteration_time_s

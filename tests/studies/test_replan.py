@@ -288,6 +288,9 @@ def test_cli_replan_json(planned, tmp_path, capsys):
     assert second["parallelizer_calls"] == 0 and second["replan_time_s"] == 0.0
     assert second["cache_hits"] == first["cache_hits"] + first["parallelizer_calls"]
     assert second["plan"]["stages"] == first["plan"]["stages"]
+    for run in (first, second):  # the plan's own count and the re-planning's are the same calls
+        assert run["calls"] == run["plan"]["solver"]["parallelizer_calls"] \
+            == run["parallelizer_calls"] + run["cache_hits"]
 
 
 def test_cli_replan_text(planned, tmp_path, capsys):

@@ -1,0 +1,380 @@
+"""Per-micro-batch and per-iteration seconds of a plan's stages, recomputed independently.
+
+The validator's time check. Scalar, closed-form arithmetic over plain floats, written from the
+formulas of the vectorized cost model (:mod:`solver.cost.timing`, :mod:`solver.cost.sync`,
+:mod:`solver.cost.stage_costs`) but sharing no function with it: the hardware figures are read
+from the island, parameter and activation counts come from the model's shapes here, and only
+the calibration constants and the framework profile's flags are taken as data.
+``tests/planner/test_time_check.py`` holds the two equal on random configurations, so a bug
+planted in either shows up as a disagreement.
+
+One micro-batch on one GPU covers ``n = b s / cp`` tokens. Per layer and pass:
+
+* GEMMs: ``2 x`` weights FLOPs per token (Narayanan et al., SC'21), each matrix at the fraction
+  ``ceiling xi / (xi + k B)`` of peak, ``xi = 1 / (1/M + 1/N + 1/K)`` of its TP-sharded shape and
+  ``B`` the GPU's FLOP-per-byte balance; MoE adds the router and the busiest rank's experts at the
+  capacity factor. The attention core is ``4 n s a d / tp`` FLOPs (half of it with a fused
+  causal kernel) in 16 bits; norms, activations and the MoE permutation stream bytes through HBM.
+* Tensor parallelism with sequence parallelism (Korthikanti et al. 2022): four ring collectives
+  of the ``2 n h``-byte activation per pass; with Megatron-Core's overlap only
+  ``max(c - g, c / tp)`` stays exposed beside ``g`` seconds of GEMMs. The context-parallel K/V
+  ring hides behind the attention core; expert parallelism does two all-to-alls per pass, on
+  NVLink among the ranks of one node and on the NICs beyond.
+* Backward costs twice the forward's work; full recomputation repeats the forward (and its TP
+  and EP traffic), selective recomputation the attention core and the CP ring.
+
+Per sub-stage and iteration (Rajbhandari et al. 2020 for ZeRO; the Scaling Book for ring
+collectives, ``(q - 1)/q M / W`` per phase plus a step latency): fp32 gradients are all-reduced
+(ZeRO-0), reduce-scattered once (ZeRO-1) or every micro-batch (ZeRO-2/3, which also gather the
+16-bit weights); bucketed collectives hide behind the pass they overlap except the last bucket,
+``max(c - w (1 - 1/nb), c / nb)``. The Adam step streams ``optimizer_bytes`` per locally held
+parameter through HBM. Offloaded activations cross PCIe beside the compute of the same pass;
+pipeline neighbours exchange the ``1/tp`` share of the activation once per boundary and pass.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from solver.cost.efficiency import DEFAULT_CALIBRATION, AttentionKernel, Calibration
+from solver.cost.frameworks import FrameworkProfile, job_runtime
+from solver.cost.stage import StageConfig
+from solver.planner.memory_check import layer_counts
+from solver.spec.domain import Framework, Island, ModelSpec, Precision, Recompute
+
+_LOGIT_BYTES = 12.0    # HBM bytes per logit per pass of the fp32 cross entropy
+_PERMUTE_BYTES = 8.0   # HBM bytes per hidden element of every routed copy (permute, unpermute)
+_WEIGHT, _GRAD = 2.0, 4.0  # bytes per parameter: 16-bit weights, fp32 gradients
+
+
+class _Machine(NamedTuple):
+    """One GPU of the island as the formulas see it (weakest-member figures, derated)."""
+
+    peak: float         # GEMM FLOP/s at the precision run
+    sixteen: float      # 16-bit FLOP/s (attention core)
+    balance: float      # 16-bit FLOP/s per HBM byte/s
+    ceiling: float      # largest fraction of ``peak`` a GEMM reaches
+    attention: float | None  # fused-kernel efficiency, None when unfused
+    intra: float        # bytes/s inside a node, per direction
+    inter: float        # bytes/s over the NIC
+    intra_lat: float
+    inter_lat: float
+    pcie: float
+    hbm: float
+    per_node: int
+
+
+class _Setup(NamedTuple):
+    model: ModelSpec
+    seq: int
+    gpu: _Machine
+    calib: Calibration
+    overlap: bool
+    profile: FrameworkProfile
+
+
+def _machine(island: Island, precision: Precision, calib: Calibration,
+             unfused_software: bool) -> _Machine:
+    nodes, gpu = island.nodes, island.gpu
+    sixteen = island.tflops_per_gpu * 1e12
+    fused = (calib.attention is AttentionKernel.FLASH and not unfused_software
+             and all(x.gpu.attention != "unfused" for x in nodes))
+    intra = min((x.gpu.nvlink_gbs / 2 if x.gpu.nvlink_gbs else x.gpu.pcie_gbs) for x in nodes)
+    return _Machine(
+        peak=sixteen * gpu.peak_tflops(precision) / gpu.peak_tflops(Precision.BF16),
+        sixteen=sixteen, balance=sixteen / (island.hbm_bw_gbs * 1e9),
+        ceiling=min(x.gpu.gemm_ceiling(precision) for x in nodes),
+        attention=min(x.gpu.attention_eff for x in nodes) if fused else None,
+        intra=intra * 1e9 * calib.nvlink_eff, inter=island.nic_gbits * 1e9 / 8 * calib.nic_eff,
+        intra_lat=calib.nvlink_latency_s, inter_lat=calib.nic_latency_s,
+        pcie=island.pcie_gbs * 1e9 * calib.pcie_eff, hbm=island.hbm_bw_gbs * 1e9 * calib.hbm_eff,
+        per_node=island.gpus_per_node)
+
+
+def _ring(nbytes: float, q: float, bw: float, lat: float, phases: float = 1.0) -> float:
+    """Ring collective over ``q`` ranks: ``phases`` (q - 1) steps of ``nbytes / q`` each."""
+    if q <= 1:
+        return 0.0
+    steps = phases * (q - 1)
+    return steps * nbytes / q / bw + steps * lat
+
+
+def _consecutive(g: _Machine, span: float) -> tuple[float, float]:
+    """Link of a group of ``span`` consecutive ranks: NVLink if it fits in a node."""
+    return (g.intra, g.intra_lat) if span <= g.per_node else (g.inter, g.inter_lat)
+
+
+def _members_per_node(g: _Machine, stride: int, group: int) -> int:
+    return min(max(g.per_node // max(stride, 1), 1), max(group, 1))
+
+
+def _strided(g: _Machine, stride: int, group: int) -> tuple[float, float]:
+    """Link of ``group`` ranks ``stride`` apart: NVLink in a node, else one ring per rail."""
+    if stride * group <= g.per_node:
+        return g.intra, g.intra_lat
+    return min(g.intra, _members_per_node(g, stride, group) * g.inter), g.inter_lat
+
+
+def _all_to_all(g: _Machine, nbytes: float, stride: int, group: int) -> float:
+    """Each of ``group`` ranks ``stride`` apart sends ``nbytes`` spread evenly over the group."""
+    if group <= 1:
+        return 0.0
+    k = _members_per_node(g, stride, group)
+    on_nvlink = (k - 1) / group * nbytes / g.intra
+    on_nic = (group - k) / group * nbytes / g.inter
+    return max(on_nvlink, on_nic) + (g.inter_lat if group > k else g.intra_lat) * (group - 1)
+
+
+def _gemm(st: _Setup, flops: float, m: float, n: float, k: float) -> float:
+    """Seconds of ``flops`` in GEMMs of shape (m, n, k) at the efficiency-curve fraction."""
+    m, n, k = max(m, 1.0), max(n, 1.0), max(k, 1.0)
+    xi = 1.0 / (1.0 / m + 1.0 / n + 1.0 / k)
+    eff = st.gpu.ceiling * xi / (xi + st.calib.gemm_half_balance * st.gpu.balance)
+    return flops / (st.gpu.peak * eff)
+
+
+def _tp_exposed(st: _Setup, comm: float, gemm: float, tp: int) -> float:
+    """TP traffic left over beside ``gemm`` seconds when the framework pipelines the two."""
+    if not (st.overlap and st.profile.tp_comm_overlap):
+        return comm
+    return max(comm - gemm, comm / max(tp, 1))
+
+
+def _hide(comm: float, window: float, buckets: float) -> float:
+    """Exposed part of a bucketed collective behind ``window`` seconds: the last bucket."""
+    return max(comm - window * (1.0 - 1.0 / buckets), comm / buckets)
+
+
+def _mlp_gemms(st: _Setup, c: StageConfig, tokens: float, width: float, copies: float) -> float:
+    """Up (gated: two matrices fused) and down projections of ``copies`` MLPs of ``width``."""
+    h, up = st.model.hidden, (2 if st.model.gated_mlp else 1)
+    flops = 2 * tokens * copies * h * width * (up + 1) / c.tp
+    return (_gemm(st, flops * up / (up + 1), tokens, up * width / c.tp, h)
+            + _gemm(st, flops / (up + 1), tokens, h, width / c.tp))
+
+
+def _layer_gemms(st: _Setup, c: StageConfig, n: float) -> float:
+    """Forward GEMM seconds of one layer."""
+    m = st.model
+    h, q, kv = m.hidden, m.heads * m.d_head, m.kv_heads * m.d_head
+    t = _gemm(st, 2 * n * h * (q + 2 * kv) / c.tp, n, (q + 2 * kv) / c.tp, h)
+    t += _gemm(st, 2 * n * q * h / c.tp, n, h, q / c.tp)
+    if not m.is_moe:
+        return t + _mlp_gemms(st, c, n, m.ffn, 1.0)
+    t += _gemm(st, 2 * n * h * m.experts / c.tp, n / c.tp, m.experts, h)
+    routed = n * m.top_k * c.ep / m.experts * st.calib.moe_capacity_factor
+    t += _mlp_gemms(st, c, routed, m.expert_ffn, m.experts / c.ep)
+    if m.shared_experts:
+        t += _mlp_gemms(st, c, n, m.shared_experts * m.expert_ffn, 1.0)
+    return t
+
+
+def _layer(st: _Setup, c: StageConfig, n: float) -> tuple[float, float, float, float]:
+    """(forward work, forward exposed comm, backward work, backward exposed comm) of a layer."""
+    m, g = st.model, st.gpu
+    square = 4 * n * st.seq * m.heads * m.d_head / c.tp
+    attn = (square / 2 / (g.sixteen * g.attention) if g.attention is not None
+            else square / (g.sixteen * st.calib.unfused_attention_eff))
+    streamed = st.calib.elementwise_bytes * m.hidden + (
+        _PERMUTE_BYTES * m.top_k * m.hidden if m.is_moe else 0.0)
+    gemm = _layer_gemms(st, c, n)
+    work = gemm + attn + streamed * n / c.tp / g.hbm
+    tp = 4 * _ring(2.0 * n * m.hidden, c.tp, *_consecutive(g, c.tp))
+    kv_share = max(m.kv_heads / c.tp, 1.0) * m.d_head
+    ring = _ring(2.0 * c.cp * 2 * n * kv_share, c.cp, *_consecutive(g, c.tp * c.cp))
+    cp = max(ring - attn, 0.0) if st.overlap else ring
+    ep = 0.0
+    if m.is_moe:
+        sent = 2.0 * n * m.top_k * m.hidden / c.tp * st.calib.moe_capacity_factor
+        ep = 2 * _all_to_all(g, sent, c.tp * c.cp, c.ep)
+    full = c.recompute is Recompute.FULL
+    tp_fwd = _tp_exposed(st, tp, gemm, c.tp)
+    redo = work if full else (attn if c.recompute is Recompute.SELECTIVE else 0.0)
+    bwd_comm = (_tp_exposed(st, tp, 2 * gemm, c.tp) + (tp_fwd if full else 0.0)
+                + ep * (2 if full else 1) + cp * (2 if c.recompute is Recompute.NONE else 3))
+    return work, tp_fwd + cp + ep, 2 * work + redo, bwd_comm
+
+
+def _head(st: _Setup, c: StageConfig, n: float) -> tuple[float, float, float, float]:
+    """The LM head and loss, as :func:`_layer` orders its terms."""
+    m, g = st.model, st.gpu
+    gemm = _gemm(st, 2 * n * m.hidden * m.vocab / c.tp, n, m.vocab / c.tp, m.hidden)
+    loss = _LOGIT_BYTES * n * m.vocab / c.tp / g.hbm
+    one = _ring(2.0 * n * m.hidden, c.tp, *_consecutive(g, c.tp))
+    return (gemm + loss, _tp_exposed(st, one, gemm, c.tp),
+            2 * gemm + loss, _tp_exposed(st, one, 2 * gemm, c.tp))
+
+
+def _weights(m: ModelSpec) -> tuple[float, float]:
+    """(dense, routed-expert) weights of one layer, from the shapes."""
+    h, d = m.hidden, m.d_head
+    mats = 3 if m.gated_mlp else 2
+    dense = 2 * h * m.heads * d + 2 * h * m.kv_heads * d + 2 * h
+    if not m.is_moe:
+        return float(dense + mats * h * m.ffn), 0.0
+    dense += h * m.experts + m.shared_experts * mats * h * m.expert_ffn
+    return float(dense), float(m.experts * mats * h * m.expert_ffn)
+
+
+def _stored_per_token(st: _Setup, rc: Recompute) -> float:
+    """Activation bytes one layer keeps per token for backward (Korthikanti et al., recounted)."""
+    m, flash = st.model, st.gpu.attention is not None
+    h = m.hidden
+    if rc is Recompute.FULL:
+        return 2.0 * h
+    q, kv = m.heads * m.d_head, m.kv_heads * m.d_head
+    attn = 4 * h + 4 * q + 4 * kv + (4 * m.heads if flash else 0)
+    if not flash and rc is Recompute.NONE:
+        attn += 2 * m.heads * st.seq
+    inter = 6 if m.gated_mlp else 4
+    if not m.is_moe:
+        return float(attn + 4 * h + inter * m.ffn)
+    routed = st.calib.moe_capacity_factor * m.top_k * (4 * h + inter * m.expert_ffn)
+    return float(attn + 4 * h + 4 * m.experts + routed + m.shared_experts * inter * m.expert_ffn)
+
+
+def _sync(st: _Setup, c: StageConfig, layers: int, emb: bool, head: bool, fwd_work: float,
+          bwd_work: float) -> tuple[float, float, float, float]:
+    """Exposed ZeRO traffic per micro-batch (fwd, bwd), exposed DP sync and the Adam step."""
+    m, g, prof = st.model, st.gpu, st.profile
+    dense_l, expert_l = _weights(m)
+    vh = float(m.vocab * m.hidden)
+    head_w = (m.hidden if emb and m.tied_embeddings else vh + m.hidden) if head else 0.0
+    dense = (layers * dense_l + (vh if emb else 0.0) + head_w) / c.tp
+    expert = layers * expert_l / (c.tp * c.ep)
+    q_d = c.dp * c.cp
+    q_e = q_d // c.ep
+    link_d, link_e = _strided(g, c.tp, q_d), _strided(g, c.tp * c.ep, q_e)
+
+    def coll(per_param: float, phases: float = 1.0) -> float:
+        experts = _ring(per_param * expert, q_e, *link_e, phases) if expert > 0 else 0.0
+        return _ring(per_param * dense, q_d, *link_d, phases) + experts
+
+    megatron = prof.framework in (Framework.MEGATRON_CORE, Framework.FLAGSCALE)
+    bucket = max(prof.grad_bucket_params, 1e6 * c.dp) if megatron else prof.grad_bucket_params
+    nb = max(math.ceil((dense + expert) / bucket), 1.0)
+    gather = coll(_WEIGHT) if c.zero >= 3 else 0.0
+    z_fwd, z_bwd = gather, gather + (coll(_GRAD) if c.zero >= 2 else 0.0)
+    if st.overlap:
+        z_fwd, z_bwd = _hide(z_fwd, fwd_work, nb), _hide(z_bwd, bwd_work, nb)
+    grads = coll(_GRAD, 2.0) if c.zero == 0 else (coll(_GRAD) if c.zero == 1 else 0.0)
+    params = coll(_WEIGHT) if c.zero in (1, 2) else 0.0
+    if st.overlap and prof.overlap_grad_reduce:
+        grads = _hide(grads, bwd_work, nb)
+    if st.overlap and prof.overlap_param_gather:
+        params = _hide(params, fwd_work, nb)
+    local = dense / q_d + expert / q_e if c.zero >= 1 else dense + expert
+    return z_fwd, z_bwd, grads + params, st.calib.optimizer_bytes * local / g.hbm
+
+
+def _setup(model, seq_len, island, calib, profile, precision, overlap) -> _Setup:
+    """Everything the formulas read besides the configuration."""
+    gpu = _machine(island, precision, calib, profile.unfused_attention)
+    return _Setup(model, seq_len, gpu, calib, overlap, profile)
+
+
+def _substage(st: _Setup, c: StageConfig, layers: int, emb: bool, head: bool,
+              p2p_factor: float) -> tuple[float, float, float]:
+    n = c.micro_batch * st.seq / c.cp
+    lw_f, lc_f, lw_b, lc_b = _layer(st, c, n)
+    hw_f, hc_f, hw_b, hc_b = _head(st, c, n) if head else (0.0, 0.0, 0.0, 0.0)
+    lookup = _ring(2.0 * n * st.model.hidden, c.tp, *_consecutive(st.gpu, c.tp)) if emb else 0.0
+    fwd_work, bwd_work = layers * lw_f + hw_f, layers * lw_b + hw_b
+    fwd_comm, bwd_comm = layers * lc_f + lookup + hc_f, layers * lc_b + lookup + hc_b
+    z_fwd, z_bwd, dp_s, opt_s = _sync(st, c, layers, emb, head, fwd_work, bwd_work)
+    copy = (_stored_per_token(st, c.recompute) * layers * n / c.tp / st.gpu.pcie
+            if c.offload else 0.0)
+    hidden = 1.0 if st.overlap else 0.0
+    off_f, off_b = max(copy - hidden * fwd_work, 0.0), max(copy - hidden * bwd_work, 0.0)
+    p2p = 0.0
+    if c.pp > 1:
+        bw, lat = _consecutive(st.gpu, 2 * c.tp * c.cp * c.dp)
+        p2p = (2.0 * n * st.model.hidden / c.tp / bw + lat) * p2p_factor
+    fwd = fwd_work + fwd_comm + z_fwd + off_f + p2p
+    bwd = bwd_work + bwd_comm + z_bwd + off_b + p2p
+    return fwd + bwd, dp_s, opt_s
+
+
+def substage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageConfig,
+                     layers: int, emb: bool, head: bool, *,
+                     calib: Calibration = DEFAULT_CALIBRATION, profile: FrameworkProfile,
+                     precision: Precision = Precision.BF16, overlap: bool = True,
+                     p2p_factor: float = 1.0) -> tuple[float, float, float]:
+    """Seconds of one internal sub-stage running ``layers`` layers under ``cfg``.
+
+    Parameters
+    ----------
+    model, seq_len : ModelSpec, int
+        Model shapes and tokens per sequence.
+    island : Island
+        The GPUs the stage runs on (weakest-member figures).
+    cfg : StageConfig
+        The stage's configuration (``cfg.pp`` sub-stages; this is one of them).
+    layers, emb, head : int, bool, bool
+        Layers of the sub-stage and whether it holds the embedding / the LM head.
+    calib : Calibration
+        Efficiency constants.
+    profile : FrameworkProfile
+        What the runtime overlaps and whether it runs fused attention.
+    precision : Precision
+        GEMM precision the job asks for.
+    overlap : bool
+        Price overlap as scheduled (False: every transfer exposed, every profile overlap off).
+    p2p_factor : float
+        Boundaries a micro-batch crosses per sub-stage and pass (``v`` when interleaved).
+
+    Returns
+    -------
+    tuple[float, float, float]
+        Forward plus backward seconds per micro-batch, exposed data-parallel sync seconds per
+        iteration, optimizer-step seconds per iteration.
+    """
+    st = _setup(model, seq_len, island, calib, profile, precision, overlap)
+    return _substage(st, cfg, layers, emb, head, p2p_factor)
+
+
+def stage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageConfig,
+                  layers: int, has_embedding: bool, has_head: bool, *,
+                  calib: Calibration = DEFAULT_CALIBRATION, profile: FrameworkProfile,
+                  precision: Precision = Precision.BF16, overlap: bool = True,
+                  p2p_factor: float = 1.0) -> tuple[list[float], float]:
+    """Latency of each of the stage's ``cfg.pp`` sub-stages and its per-iteration seconds.
+
+    Layers split as :func:`~solver.planner.memory_check.layer_counts`; the embedding sits on the
+    first sub-stage and the head on the last (when the slice has them). The per-iteration term
+    is the largest exposed sync plus optimizer step over all sub-stages (each from
+    :func:`substage_seconds`). Keywords as in :func:`substage_seconds`.
+
+    Returns
+    -------
+    tuple[list[float], float]
+        Per-micro-batch seconds of every sub-stage in order, per-iteration seconds.
+    """
+    st = _setup(model, seq_len, island, calib, profile, precision, overlap)
+    latencies, per_iteration = [], 0.0
+    for j, count in enumerate(layer_counts(layers, cfg.pp)):
+        lat, dp_s, opt_s = _substage(st, cfg, count, has_embedding and j == 0,
+                                     has_head and j == cfg.pp - 1, p2p_factor)
+        latencies.append(lat)
+        per_iteration = max(per_iteration, dp_s + opt_s)
+    return latencies, per_iteration
+
+
+def plan_stage_seconds(plan, calib: Calibration = DEFAULT_CALIBRATION
+                       ) -> list[tuple[list[float], float]]:
+    """Sub-stage latencies and per-iteration seconds of every stage of ``plan``, independently.
+
+    Each stage is priced on the GPUs it is planned on (``s.group``) under the job's runtime
+    (framework, precision), with ``v`` boundaries per sub-stage when the plan interleaves.
+    """
+    job = plan.job
+    runtime = job_runtime(job)
+    out = []
+    for s in plan.stages:
+        out.append(stage_seconds(
+            job.model, job.training.seq_len, s.group, s.plan.config, s.end - s.start,
+            s.start == 0, s.end == job.model.layers, calib=calib, profile=runtime.profile,
+            precision=runtime.precision, overlap=runtime.overlap,
+            p2p_factor=float(plan.virtual_stages)))
+    return out

@@ -29,6 +29,7 @@ from solver.compose.table import (
     dense_arrays,
     position_index,
 )
+from solver.compose.ties import tie_key
 
 BRUTE_LIMIT = 200_000  # plans enumerated; about a second of pure Python
 
@@ -43,9 +44,9 @@ def compose_brute(table: LatencyTable, restrictions: Restrictions | None = None,
                   overlap: bool = False) -> CompositionResult:
     """Optimal composition by enumerating every plan (tiny tables only).
 
-    Plans are visited in lexicographic order of (stage count, island index sequence, cut points)
-    and only a strictly smaller ``T`` replaces the incumbent, so ties go to the lexicographically
-    smallest plan.
+    Ties follow the rule of :mod:`solver.compose.ties`, applied here by its sort key
+    (:func:`~solver.compose.ties.tie_key`) over every enumerated plan: an independent check of
+    the DP's frontier backtracking.
 
     Raises
     ------
@@ -59,7 +60,7 @@ def compose_brute(table: LatencyTable, restrictions: Restrictions | None = None,
         raise TooLargeError(f"brute force would enumerate {count} plans (limit {BRUTE_LIMIT}); "
                             "use the DP")
     tau, link = dense_arrays(table, restrictions)
-    best_t, best_plan = math.inf, None
+    best_key, best_plan = (math.inf,), None
     limit = restrictions.max_stages if restrictions is not None else None
     budget = restrictions.budget if restrictions is not None else None
     for seq, cuts in _plans(big_k, big_l, table.use_all):
@@ -67,9 +68,11 @@ def compose_brute(table: LatencyTable, restrictions: Restrictions | None = None,
             continue
         if budget is not None and not budget.allows([table.islands[k] for k in seq]):
             continue
-        t = _plan_time(tau, link, seq, cuts, table.n_micro, overlap)
-        if t < best_t:
-            best_t, best_plan = t, (seq, cuts)
+        t, m = _plan_time(tau, link, seq, cuts, table.n_micro, overlap)
+        if math.isfinite(t):
+            key = (t, *tie_key(m, [(k, a) for k, a in zip(seq, cuts)]))
+            if key < best_key:
+                best_key, best_plan = key, (seq, cuts)
     if best_plan is None:
         return infeasible_result("brute", perf_counter() - t0)
     seq, cuts = best_plan
@@ -88,15 +91,16 @@ def _plans(big_k: int, big_l: int, use_all: bool):
 
 
 def _plan_time(tau: np.ndarray, link: np.ndarray, seq: tuple, cuts: tuple, n_micro: int,
-               overlap: bool) -> float:
-    """``T`` of one plan from the dense (masked) arrays; inf when an entry is infeasible."""
+               overlap: bool) -> tuple[float, float]:
+    """``T`` and the bottleneck of one plan from the dense (masked) arrays; inf when an entry
+    is infeasible."""
     big_l = cuts[-1]
     taus = [float(tau[k, position_index(a, b, big_l), b - a]) for k, a, b in zip(seq, cuts, cuts[1:])]
     links = [float(link[a, b]) for a, b in zip(seq, seq[1:])]
     costs = [max(t, c) for t, c in zip(taus, links + [0.0])] if overlap else taus + links
     if not all(math.isfinite(c) for c in costs):
-        return math.inf
-    return (n_micro - 1) * max(costs) + sum(costs)
+        return math.inf, math.inf
+    return (n_micro - 1) * max(costs) + sum(costs), max(costs)
 
 
 def compose_paper_recurrence(table: LatencyTable,

@@ -18,13 +18,16 @@ branch-and-bound over the sorted caps prunes an interval ``(a, b)`` as soon as
 ``(n-1)·C_{a+1} + S(C_b)`` exceeds the best ``T`` found, or ``S(C_a) = S(C_b)`` (flat). The
 smallest feasible cap comes from one min-max pass. In practice 5–30 passes suffice.
 
-Ties (documented rule, deterministic): among optimal plans, the DP returns the one with the
-smallest bottleneck ``M``, as backtracked by the min-sum pass at cap ``M`` (see
-:meth:`solver.compose.dpcore.DPCore.backtrack`). When the optimum is unique all solvers agree.
+Ties: the rule of :mod:`solver.compose.ties`. The branch-and-bound keeps the smallest
+bottleneck ``M`` among optimal plans; at cap ``M`` every least-total plan is optimal with
+bottleneck ``M`` (one with a smaller one would have a smaller ``T``), and the frontier
+backtracking of :meth:`solver.compose.dpcore.DPCore.backtrack` picks rule 3's among them.
+:func:`canonical_result` gives another solver's proven optimum the same plan.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from time import perf_counter
 
 import numpy as np
@@ -32,6 +35,7 @@ import numpy as np
 from solver.compose.brute import compose_brute, compose_paper_recurrence
 from solver.compose.dpcore import DPCore, Mode
 from solver.compose.result import (
+    TIE_CANONICAL,
     CompositionResult,
     SolveStatus,
     StageAssignment,
@@ -50,9 +54,10 @@ from solver.compose.table import (
     position_index,
 )
 
-__all__ = ["CompositionResult", "SolveStatus", "StageAssignment", "TooLargeError", "Position",
+__all__ = ["TIE_CANONICAL", "CompositionResult", "SolveStatus", "StageAssignment", "TooLargeError", "Position",
            "compose_dp", "compose_brute", "compose_paper_recurrence", "objective_of",
-           "make_stages", "plan_problems", "explain_infeasible", "MAX_DP_ISLANDS"]
+           "make_stages", "plan_problems", "explain_infeasible", "canonical_result",
+           "MAX_DP_ISLANDS"]
 
 MAX_DP_ISLANDS = 12
 MAX_DP_WORK = 4e9  # elementwise operations of one pass, K·2^(K-1)·L² (×K with overlap)
@@ -103,6 +108,29 @@ def compose_dp(table: LatencyTable, restrictions: Restrictions | None = None,
         return infeasible_result("dp", elapsed)
     stages = make_stages(table, [(table.islands[k], a, b) for k, a, b in plan])
     return optimal_result(table, stages, "dp", elapsed, overlap)
+
+
+def canonical_result(table: LatencyTable, restrictions: Restrictions | None, overlap: bool,
+                     result: CompositionResult) -> CompositionResult:
+    """``result`` (another solver's proven optimum) with the tie rule's plan of its ``T``.
+
+    The DP solves the table again; when its optimum equals ``result``'s (relative 1e-9, the
+    solvers' common tolerance) its plan, the canonical one, replaces ``result``'s stages and
+    ``tie_break`` says so. Otherwise — the table is too large for the DP, or the two optima
+    differ, which would be a bug in one of them — ``result`` keeps its own plan and
+    ``tie_break`` says why; nothing is replaced silently.
+    """
+    if not (result.optimal and result.feasible):
+        return result
+    try:
+        dp = compose_dp(table, restrictions, overlap)
+    except TooLargeError as exc:
+        return replace(result, tie_break=f"the solver's own (no canonical plan: {exc})")
+    if dp.objective is None or abs(dp.objective - result.objective) > 1e-9 * result.objective:
+        return replace(result, tie_break=f"the solver's own: the DP's optimum {dp.objective} "
+                                         f"differs from {result.objective}")
+    return replace(result, stages=dp.stages, objective=dp.objective, bound=dp.objective,
+                   tie_break=TIE_CANONICAL)
 
 
 def _check_size(table: LatencyTable, overlap: bool) -> None:

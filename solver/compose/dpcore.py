@@ -171,27 +171,51 @@ class DPCore:
     def backtrack(self, run: Run) -> list[tuple[int, int, int]] | None:
         """Stages ``(island index, start, end)`` of the pass's best plan (None if infeasible).
 
-        Deterministic: the last stage is the first minimizer in (stage count, target mask, island)
-        order with the earliest start; walking back, each predecessor is the lowest island index
-        reaching the value exactly, then the earliest start.
+        The tie rule of :mod:`solver.compose.ties`: among the plans reaching the pass's best
+        value, compare stages from the last to the first, each by the lowest island index and
+        then the earliest start. Every state reaching the value with the stages chosen so far
+        is kept (a frontier), so the choice is over all tied plans, not one path's.
         """
-        value, p, i = self._best(run.ends)
-        if p < 0:
+        frontier = self._finals(run)
+        if not frontier:
             return None
-        lay = self.steps[p]
-        k, row = int(lay.k[i]), int(lay.src[i])
-        start = _first_equal(run.comb(run.states[p][row, k], run.kern.end[p > 0][k]), value)
-        plan = [(k, start, self.layers)]
-        while p > 0:
-            k, row, start = self._predecessor(run, p, row, k, start)
-            plan.append((k, start, plan[-1][1]))
-            p -= 1
-        return plan[::-1]
+        plan, end = [], self.layers
+        while True:
+            k, start = min((f[2], f[3]) for f in frontier)
+            plan.append((k, start, end))
+            if start == 0:
+                return plan[::-1]
+            end = start
+            frontier = list(dict.fromkeys(
+                pred for f in frontier if (f[2], f[3]) == (k, start)
+                for pred in self._predecessors(run, *f)))
 
-    def _predecessor(self, run: Run, p: int, row: int, k: int, start: int) -> tuple[int, int, int]:
+    def _finals(self, run: Run) -> list[tuple[int, int, int, int]]:
+        """States ``(p, row, k, start)`` whose last stage ``k`` on ``[start, L)`` ends a plan
+        reaching the pass's best value (the allowed island sets and ``use_all`` honoured)."""
+        value = self._best(run.ends)[0]
+        out: list[tuple[int, int, int, int]] = []
+        if not np.isfinite(value):
+            return out
+        for p, lay in enumerate(self.steps[:len(run.ends)]):
+            if self.use_all and p != self.n_islands - 1:
+                continue
+            rows = run.comb(run.states[p][lay.src, lay.k], run.kern.end[p > 0][lay.k])
+            if self.allowed is not None:
+                owner = lay.targets[np.arange(lay.k.size) // (p + 1)]
+                rows = np.where(self.allowed[owner][:, None], rows, _INF)
+            for i, start in zip(*np.nonzero(rows == value)):
+                out.append((p, int(lay.src[i]), int(lay.k[i]), int(start)))
+        return out
+
+    def _predecessors(self, run: Run, p: int, row: int, k: int, start: int
+                      ) -> list[tuple[int, int, int, int]]:
+        """Every state ``(p - 1, row0, k0, start0)`` whose slice ``[start0, start)`` on ``k0``
+        leads to state ``(p, row, k, start)`` at exactly its value."""
         mask = int(self.by_count[p][row])
         target = run.states[p][row, k, start]
         back = start - np.arange(start)  # slice lengths for predecessor starts 0..start-1
+        out = []
         for k0 in (j for j in range(self.n_islands) if mask >> j & 1):
             row0 = int(self.row_of[mask ^ (1 << k0)])
             prev = run.states[p - 1][row0, k0, :start]
@@ -200,17 +224,10 @@ class DPCore:
                 values = run.comb(prev, step[k, back])
             else:
                 values = run.comb(run.comb(prev, step[0, back]), run.kern.link[k0, k])
-            hits = np.flatnonzero(values == target)
-            if hits.size:
-                return k0, row0, int(hits[0])
-        raise RuntimeError("DP backtracking lost the optimal path")  # would be a bug
-
-
-def _first_equal(values: np.ndarray, target: float) -> int:
-    hits = np.flatnonzero(values == target)
-    if not hits.size:
-        raise RuntimeError("DP backtracking lost the optimal path")
-    return int(hits[0])
+            out += [(p - 1, row0, k0, int(h)) for h in np.flatnonzero(values == target)]
+        if not out:
+            raise RuntimeError("DP backtracking lost the optimal path")  # would be a bug
+        return out
 
 
 def _minplus(rows: np.ndarray, kern: np.ndarray, comb: np.ufunc) -> np.ndarray:

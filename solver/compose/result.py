@@ -14,6 +14,9 @@ from typing import Sequence
 from solver.compose.table import LatencyTable, Position, Restrictions, slice_position
 
 
+TIE_CANONICAL = "canonical"  #: the plan the tie rule picks among the optimal ones
+
+
 class SolveStatus(enum.Enum):
     """How a solve ended."""
 
@@ -73,6 +76,9 @@ class CompositionResult:
         Best proven lower bound on ``T`` reported by the solver (seconds), if any.
     gap : float | None
         Relative gap ``(objective - bound) / objective`` reported by the solver, if any.
+    tie_break : str
+        Which of several optimal plans this is: :data:`TIE_CANONICAL` (the rule of
+        :mod:`solver.compose.ties`), or why the solver's own plan was kept.
     """
 
     stages: tuple[StageAssignment, ...]
@@ -83,6 +89,7 @@ class CompositionResult:
     time_s: float
     bound: float | None = None
     gap: float | None = None
+    tie_break: str = "the solver's own"
 
     @property
     def feasible(self) -> bool:
@@ -192,6 +199,8 @@ def infeasible_result(solver: str, time_s: float) -> CompositionResult:
 
 def optimal_result(table: LatencyTable, stages: tuple[StageAssignment, ...], solver: str,
                    time_s: float, overlap: bool) -> CompositionResult:
-    """A proven-optimal result with bound = objective and zero gap."""
+    """A proven-optimal result with bound = objective and zero gap, its plan the tie rule's
+    (the DP and brute force apply it themselves)."""
     t = objective_of(table, stages, overlap)
-    return CompositionResult(stages, t, solver, True, SolveStatus.OPTIMAL, time_s, t, 0.0)
+    return CompositionResult(stages, t, solver, True, SolveStatus.OPTIMAL, time_s, t, 0.0,
+                             TIE_CANONICAL)

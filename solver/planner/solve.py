@@ -3,14 +3,16 @@
 ``formulations`` is imported inside the function: ``solver`` never imports it at module level.
 A CP-SAT or MILP solve that stops at its time limit keeps its bound, but the plan returned is
 the exact DP's (marked not proven, with the solver's bound and the gap to the DP's objective), so
-a time limit never costs plan quality.
+a time limit never costs plan quality. A proven optimum of a latency table gets the plan of the
+tie rule (:mod:`solver.compose.ties`), one of a stage table the DP's: every solver returns the
+same plan.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from solver.compose.dp import compose_dp
+from solver.compose.dp import canonical_result, compose_dp
 from solver.compose.group_brute import compose_groups_brute
 from solver.compose.group_dp import compose_groups_dp
 from solver.compose.result import CompositionResult, SolveStatus, TooLargeError
@@ -33,9 +35,10 @@ def solve_table(table: LatencyTable, restrictions: Restrictions | None, kind: So
         result = _solve(table, restrictions, kind, overlap, time_limit_s)
     except TooLargeError as exc:
         raise InputError("<cli>", "--solver", f"{kind.value}: {exc}") from None
-    if kind in (SolverKind.DP, SolverKind.BRUTE) or result.optimal or \
-            result.status is SolveStatus.INFEASIBLE:
+    if kind in (SolverKind.DP, SolverKind.BRUTE) or result.status is SolveStatus.INFEASIBLE:
         return result
+    if result.optimal:  # of several optimal plans, the one every solver returns
+        return canonical_result(table, restrictions, overlap, result)
     return with_limit(compose_dp(table, restrictions, overlap), result)
 
 
@@ -73,7 +76,8 @@ def solve_stage_table(table: StageTable, restrictions: GroupRestrictions | None,
     starting point: they then search every plan that could beat the DP, so a proof of
     optimality from them is an independent proof of the DP's, and
     one that stops at its time limit keeps its bound and gap while the plan returned is the
-    DP's (marked not proven). ``incumbent`` lets the DP dismiss a table that cannot beat a
+    DP's (marked not proven). A proof of the DP's optimum returns the DP's plan: of several
+    optimal plans every solver gives the same, the one the DP's tie rule picks. ``incumbent`` lets the DP dismiss a table that cannot beat a
     plan the caller has (status ``dominated``).
 
     Raises
@@ -91,6 +95,10 @@ def solve_stage_table(table: StageTable, restrictions: GroupRestrictions | None,
         result = _solve_model(table, restrictions, kind, overlap, time_limit_s, upper, dp.stages)
     except TooLargeError as exc:
         raise InputError("<cli>", "--solver", f"{kind.value}: {exc}") from None
+    if result.optimal and result.feasible and dp.feasible and \
+            abs(result.objective - dp.objective) <= 1e-9 * dp.objective:
+        # Equal optima: the DP's plan, so every solver returns the same one (its tie rule).
+        return replace(result, stages=dp.stages, objective=dp.objective)
     if result.optimal and (result.feasible or not dp.feasible):
         return result
     return with_limit(dp, result)

@@ -208,7 +208,8 @@ def test_cli_json_contract(monkeypatch, capsys):
     code = _cli(monkeypatch, ["compose", str(TABLES / "links_nulls_6x3.json"), "--json"])
     assert code == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"objective", "stages", "solver", "optimal", "time_s"}
+    assert set(out) == {"objective", "stages", "solver", "optimal", "time_s", "tie_break"}
+    assert out["objective"] == 41.0 and out["tie_break"] == "canonical"
     assert out["objective"] == 41.0 and out["solver"] == "dp" and out["optimal"] is True
     assert out["stages"] == [{"island": "slow", "start": 0, "end": 1, "latency": 5.0},
                              {"island": "fast", "start": 1, "end": 4, "latency": 6.0},

@@ -2,7 +2,8 @@
 
 Optimal pipeline composition of a latency table (format: :mod:`solver.compose.table`). ``--json`` prints
 the public contract ``{"objective", "stages": [{"island", "start", "end", "latency"}], "solver",
-"optimal", "time_s"}`` with half-open ``[start, end)`` layer ranges. A malformed table raises
+"optimal", "time_s", "tie_break"}`` with half-open ``[start, end)`` layer ranges; of several
+optimal plans every solver prints the same (:mod:`solver.compose.ties`). A malformed table raises
 InputError (exit 2); no feasible composition raises InfeasibleError (exit 3, ``no plan: ...``).
 """
 
@@ -13,9 +14,11 @@ import enum
 
 from solver.cli.report import emit_json, render_table
 from solver.compose.dp import (
+    TIE_CANONICAL,
     CompositionResult,
     SolveStatus,
     TooLargeError,
+    canonical_result,
     compose_brute,
     compose_dp,
     explain_infeasible,
@@ -58,10 +61,13 @@ def solve(table: LatencyTable, choice: SolverChoice, time_limit: float, milp_bac
         return compose_brute(table, overlap=overlap)
     if choice is SolverChoice.CPSAT:
         from formulations.assignment_cpsat import solve_cpsat
-        return solve_cpsat(table, overlap=overlap, time_limit_s=time_limit)
-    from formulations.assignment_milp import MilpBackend, solve_milp
-    return solve_milp(table, overlap=overlap, time_limit_s=time_limit,
-                      backend=MilpBackend(milp_backend))
+        result = solve_cpsat(table, overlap=overlap, time_limit_s=time_limit)
+    else:
+        from formulations.assignment_milp import MilpBackend, solve_milp
+        result = solve_milp(table, overlap=overlap, time_limit_s=time_limit,
+                            backend=MilpBackend(milp_backend))
+    # Several optimal plans: the one every solver returns (solver.compose.ties).
+    return canonical_result(table, None, overlap, result)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,7 +102,8 @@ def result_json(result: CompositionResult) -> dict:
     return {"objective": result.objective,
             "stages": [{"island": s.island, "start": s.start, "end": s.end, "latency": s.latency}
                        for s in result.stages],
-            "solver": result.solver, "optimal": result.optimal, "time_s": result.time_s}
+            "solver": result.solver, "optimal": result.optimal, "time_s": result.time_s,
+            "tie_break": result.tie_break}
 
 
 def _plain(path: str, table: LatencyTable, result: CompositionResult) -> str:
@@ -110,4 +117,6 @@ def _plain(path: str, table: LatencyTable, result: CompositionResult) -> str:
     proof = "optimal" if result.optimal else f"not proven optimal ({result.status.value})"
     head = (f"{path}: {table.layers} layers, {table.n_micro} micro-batches, "
             f"{len(table.islands)} islands; solver {result.solver}, {proof}, {result.time_s:.3f} s")
-    return f"{head}\n{render_table(rows)}\nT = {result.objective:.6g} s per iteration"
+    ties = "" if result.tie_break == TIE_CANONICAL or not result.optimal else \
+        f"\nties: {result.tie_break}"
+    return f"{head}\n{render_table(rows)}\nT = {result.objective:.6g} s per iteration{ties}"

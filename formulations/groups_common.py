@@ -63,6 +63,8 @@ def slot_depth(table: StageTable, restrictions: GroupRestrictions | None) -> int
     depth = min(table.layers, sum(i.nodes // min(i.groups) for i in table.islands))
     if restrictions is not None and restrictions.max_stages is not None:
         depth = min(depth, restrictions.max_stages)
+    if restrictions is not None and restrictions.depths is not None:
+        depth = min(depth, max(restrictions.depths, default=0))
     return depth
 
 
@@ -119,6 +121,7 @@ def build_model(be: Backend, table: StageTable, restrictions: GroupRestrictions 
     x = [[be.new_bool(f"x_{r}_{i}") for i in range(len(es))] for r, es in enumerate(entries)]
     active = [be.new_bool(f"active_{r}") for r in range(depth)]
     add_slots_fill_from_back(be, x, active)
+    add_allowed_depths(be, restrictions, active)
     add_cover_layers(be, entries, x, table.layers)
     add_front_holds_embedding(be, entries, x, active)
     on = _groups_on(be, table, entries, x)
@@ -128,6 +131,21 @@ def build_model(be: Backend, table: StageTable, restrictions: GroupRestrictions 
     links = add_links(be, table, restrictions, on, depth)
     objective, levels, bottleneck = add_objective(be, table, entries, x, links, overlap)
     return SlotModel(entries, x, objective, levels, bottleneck)
+
+
+def add_allowed_depths(be: Backend, restrictions: GroupRestrictions | None, active) -> None:
+    """The plan's stage count is one the user allows: with slots filled from the back, ``d``
+    stages means slot ``d − 1`` active and slot ``d`` not, so a forbidden ``d`` pins them
+    equal."""
+    if restrictions is None or restrictions.depths is None:
+        return
+    for d in range(1, len(active) + 1):
+        if d in restrictions.depths:
+            continue
+        if d < len(active):
+            be.add(active[d - 1] - active[d] <= 0, f"depth_{d}_not_allowed")
+        else:
+            be.add(active[d - 1] <= 0, f"depth_{d}_not_allowed")
 
 
 def add_slots_fill_from_back(be: Backend, x, active) -> None:

@@ -91,6 +91,8 @@ def compose_groups_brute(table: StageTable, restrictions: GroupRestrictions | No
             continue
         if r.budget is not None and not r.budget.allows([names[k] for k in order]):
             continue
+        if not r.allows_depth(len(stages)):
+            continue
         for cuts in itertools.combinations(range(1, table.layers), len(stages) - 1):
             count += 1
             if count > BRUTE_LIMIT:

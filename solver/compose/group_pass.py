@@ -48,6 +48,7 @@ class _Prep:
     allowed: np.ndarray     # (2^K,) allowed final island sets
     link: np.ndarray        # (K, G, K, G) boundary seconds, inf where banned or absent
     sorted_opts: dict       # (k, gi, pos) -> (lat, it, cap, column order) by capacity, desc.
+    ends: np.ndarray        # (J,) whether a plan may end with j + 1 stages (allowed depths)
     pool: list = field(default_factory=list, compare=False, repr=False)
     # Level arrays reused pass after pass: only the latest pass is ever backtracked (its levels
     # are read before the next pass starts), and warm memory fills far faster than fresh pages.
@@ -93,6 +94,11 @@ def _prepare(table: StageTable, restr: GroupRestrictions | None, overlap: bool) 
     depth = min(table.layers, int(sum(units[k] // gu[k, 0] for k in range(big_k))))
     if restr is not None and restr.max_stages is not None:
         depth = min(depth, restr.max_stages)
+    if restr is not None and restr.depths is not None:
+        depth = min(depth, max(restr.depths, default=0))
+    # ends[j]: a complete plan of j + 1 stages may be taken (the user's allowed depths).
+    ends = np.array([restr is None or restr.allows_depth(j + 1) for j in range(depth)],
+                    dtype=bool)
     all_masks = np.arange(1 << big_k)
     without = [all_masks[(all_masks >> k) & 1 == 0] for k in range(big_k)]
     masks = np.zeros((big_k, max(w.size for w in without)), dtype=np.int64)
@@ -115,7 +121,7 @@ def _prepare(table: StageTable, restr: GroupRestrictions | None, overlap: bool) 
             np.take_along_axis(o.latency, order, 1), np.take_along_axis(o.iteration, order, 1),
             np.take_along_axis(o.capacity, order, 1), order)
     return _Prep(table, overlap, depth, gu, ngroups, units, masks,
-                 np.array([w.size for w in without], dtype=np.int64), allowed, link, opts)
+                 np.array([w.size for w in without], dtype=np.int64), allowed, link, opts, ends)
 
 
 def _link_array(table: StageTable, restr: GroupRestrictions | None, big_g: int) -> np.ndarray:
@@ -235,7 +241,9 @@ def _run_pass(prep: _Prep, kern: _Kernels, cap: float, mode: Mode, budget: float
         level_step(j, w, x, kern.tau, dmax, prep.link, prep.gu, prep.ngroups, prep.units,
                    prep.masks, prep.nmask, prep.allowed, cap, sum_mode, prep.overlap, new_w,
                    new_x, best)
-        if best[0] < ps.value and best[0] <= budget:
+        if not prep.ends[j]:
+            pass  # a depth the user does not allow: its complete plans are not plans
+        elif best[0] < ps.value and best[0] <= budget:
             ps.value = float(best[0])
             ps.final = (j, int(best[1]), int(best[2]), int(best[3]), int(best[4]))
         elif best[0] > budget and np.isfinite(best[0]):

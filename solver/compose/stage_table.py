@@ -175,11 +175,19 @@ class GroupRestrictions:
         At most this many pipeline stages.
     budget : Budget | None
         The used islands' rates must add up to at most the limit.
+    depths : frozenset[int] | None
+        Allowed stage counts of a plan (the user's ``pp``); None: any.
     """
 
     banned_links: frozenset[tuple[str, str]] = frozenset()
     max_stages: int | None = None
     budget: Budget | None = None
+    depths: frozenset[int] | None = None
+
+    def allows_depth(self, depth: int) -> bool:
+        """Whether a plan of ``depth`` stages is allowed (``max_stages`` and ``depths``)."""
+        return (self.max_stages is None or depth <= self.max_stages) and \
+            (self.depths is None or depth in self.depths)
 
 
 @dataclass(frozen=True)
@@ -330,6 +338,8 @@ def _restriction_problems(table: StageTable, stages: Sequence[GroupStage],
             out.append(f"banned link {names[a]} -> {names[b]}")
     if r.max_stages is not None and len(stages) > r.max_stages:
         out.append(f"{len(stages)} stages exceed max_stages {r.max_stages}")
+    if r.depths is not None and len(stages) not in r.depths:
+        out.append(f"{len(stages)} stages are not an allowed depth {sorted(r.depths)}")
     if r.budget is not None and not r.budget.allows([names[k] for k in order]):
         out.append(f"islands {[names[k] for k in order]} exceed the budget {r.budget.limit}")
     return out

@@ -70,8 +70,8 @@ def _best_of(plans: list[PartialPlan], job: JobSpec, n: int, v: int
     best = None
     for p in plans:
         pp = p.config.pp
-        limit = job.constraints.max_stages
-        if pp < 2 or job.model.layers % (pp * v) or n % pp or (limit is not None and pp > limit):
+        if pp < 2 or job.model.layers % (pp * v) or n % pp or \
+                not job.constraints.allows_depth(pp):
             continue
         t = interleaved_cycle_time(p.stage_latencies, n, v) + p.iteration_s
         if best is None or t < best[0]:

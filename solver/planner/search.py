@@ -319,9 +319,11 @@ def compose(run: PlanningRun, spec: TableSpec, bans: frozenset,
     kept = set(cand.table.names())
     base = restrictions or GroupRestrictions()
     limits = [x for x in (base.max_stages, run.job.constraints.max_stages) if x is not None]
+    pp = run.job.constraints.pp
     restr = replace(base, banned_links=frozenset(p for p in bans | base.banned_links
                                                  if p[0] in kept and p[1] in kept),
-                    max_stages=min(limits) if limits else None)
+                    max_stages=min(limits) if limits else None,
+                    depths=base.depths if pp is None else frozenset(pp))
     job = run.job
     result = solve_stage_table(cand.table, restr, run.config.solver or job.planner.solver,
                                job.planner.overlap,
@@ -405,6 +407,11 @@ def explain_infeasible(runs: list[PlanningRun]) -> str:
         return (f"{model.name} needs {state_gb:,.0f} GB of parameter+gradient+optimizer state; "
                 f"the whole cluster offers {room:,.0f} GB at (1 - ε)·HBM")
     ns = sorted({r.n_micro for r in runs})
+    most = min(model.layers, sum(len(i.nodes) for i in run.islands.islands))
+    if job.constraints.pp is not None and min(job.constraints.pp) > most:
+        return (f"constraints.pp {list(job.constraints.pp)}: node-group pipelines here have at "
+                f"most {most} stages (one node each), and no interleaved pipeline of that depth "
+                f"divides n_micro {', '.join(map(str, ns))} and the {model.layers} layers")
     biggest = max(run.islands.islands, key=lambda i: i.gpus * i.hbm_gb)
     return (f"no pipeline of {model.name} fits at n_micro {', '.join(map(str, ns))}: every "
             f"group's slices exceed (1 - ε)·HBM once the activations in flight are counted, or "

@@ -190,6 +190,8 @@ def _constraints(plan: Plan, job: JobSpec) -> list[str]:
     depth = sum(s.plan.config.pp for s in plan.stages)
     if c.max_stages is not None and depth > c.max_stages:
         out.append(f"{depth} pipeline stages exceed constraints.max_stages {c.max_stages}")
+    if c.pp is not None and depth not in c.pp:
+        out.append(f"{depth} pipeline stages are not in constraints.pp {list(c.pp)}")
     schedule = Schedule.INTERLEAVED if plan.virtual_stages > 1 else Schedule.ONE_F_ONE_B
     if not c.allows_schedule(schedule):
         out.append(f"schedule {schedule.value} is not in constraints.schedule")

@@ -31,6 +31,9 @@ class Constraints:
         Allowed pipeline schedules (``1f1b``, ``interleaved``).
     virtual_stages : tuple[int, ...] | None
         Allowed model chunks per GPU of the interleaved schedule.
+    pp : tuple[int, ...] | None
+        Allowed pipeline depths: the plan's pipeline stages in all (Megatron's
+        ``--pipeline-model-parallel-size``; sub-stages of an internal pipeline count).
     max_stages : int | None
         At most this many pipeline stages (sub-stages of an internal pipeline count).
     islands, exclude_islands : tuple[str, ...] | None
@@ -49,6 +52,7 @@ class Constraints:
     micro_batch: tuple[int, ...] | None = None
     schedule: tuple["Schedule", ...] | None = None
     virtual_stages: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
     max_stages: int | None = None
     islands: tuple[str, ...] | None = None
     exclude_islands: tuple[str, ...] | None = None
@@ -60,6 +64,11 @@ class Constraints:
         if self.islands is not None and not names & set(self.islands):
             return False
         return not (self.exclude_islands and names & set(self.exclude_islands))
+
+    def allows_depth(self, depth: int) -> bool:
+        """Whether a pipeline of ``depth`` stages in all is allowed (``pp`` and ``max_stages``)."""
+        return (self.pp is None or depth in self.pp) and \
+            (self.max_stages is None or depth <= self.max_stages)
 
     def allows_schedule(self, schedule: "Schedule") -> bool:
         """Whether plans with ``schedule`` may be made."""

@@ -253,6 +253,7 @@ def _constraints(f: Fields) -> Constraints:
         micro_batch=_int_list(f, "micro_batch", 1, 10**6),
         schedule=_enum_list(f, "schedule", Schedule),
         virtual_stages=_int_list(f, "virtual_stages", 2, 4096),
+        pp=_int_list(f, "pp", 1, MAX_LAYERS),
         max_stages=f.get("max_stages", int, None, lo=1, hi=MAX_LAYERS),
         islands=_str_list(f, "islands"), exclude_islands=_str_list(f, "exclude_islands"),
         max_replicas=f.get("max_replicas", int, None, lo=1, hi=4096))

@@ -128,7 +128,9 @@ def _restrictions(draw, table):
     if draw(st.booleans()):
         rates = {name: float(draw(st.integers(0, 3))) for name in names}
         budget = Budget(rates, float(draw(st.integers(0, 6))))
-    return GroupRestrictions(bans, draw(st.one_of(st.none(), st.integers(1, 4))), budget)
+    # Allowed depths (the user's pp), often binding: one or two stage counts of 1..4.
+    depths = draw(st.one_of(st.none(), st.frozensets(st.integers(1, 4), min_size=1, max_size=2)))
+    return GroupRestrictions(bans, draw(st.one_of(st.none(), st.integers(1, 4))), budget, depths)
 
 
 def _agree(a, b) -> bool:

@@ -79,3 +79,27 @@ def test_unknown_island_is_a_one_line_error(tmp_path, capsys):
     assert main(["plan", str(path)]) == 2
     err = capsys.readouterr().err
     assert "constraints.islands" in err and "TPU-v5" in err
+
+
+@pytest.mark.parametrize("pp", [[2], [2, 5]])
+def test_pp_sets_the_pipeline_depth_in_every_solver(tmp_path, free, pp):
+    """``pp`` (Megatron's --pipeline-model-parallel-size): the unconstrained optimum has 3
+    stages; allowing 2 (or 2 and an impossible 5) gives a 2-stage plan from DP, CP-SAT and MILP,
+    no faster than the free one, and the same time from all."""
+    depth = lambda p: sum(s.plan.config.pp for s in p.stages)  # noqa: E731
+    assert depth(free) == 3
+    job = load_job(_job(tmp_path, f"pp = {pp}\n"))
+    plans = _solvers(job)
+    for p in plans:
+        assert depth(p) == 2 and problems(p, job) == []
+        assert p.iteration_time_s >= free.iteration_time_s * (1 - 1e-9)
+    times = [p.iteration_time_s for p in plans]
+    assert max(times) - min(times) <= 1e-4 * min(times)
+    assert any("constraints.pp" in x for x in problems(free, job))
+
+
+def test_pp_nothing_can_meet_says_why_in_one_line(tmp_path, capsys):
+    path = _job(tmp_path, "pp = [5]\n")
+    assert main(["plan", str(path)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert "constraints.pp [5]" in err and "\n" not in err

@@ -23,7 +23,7 @@ from solver.compose.table import Position
 from solver.cost.frameworks import interleaving_allowed, profile
 from solver.cost.parallelizer import Parallelizer, PartialPlan, PlanContext
 from solver.cost.stage import ModelSlice
-from solver.cost.stage_costs import model_flops_per_token
+from solver.cost.stage_costs import model_flops_per_token, substage_layers
 from solver.islands import IslandSet, group_island, node_key
 from solver.planner.plan import Plan, SolverInfo, StagePlan, interleaved_cycle_time
 from solver.spec.domain import FeaturePreset, Island, JobSpec, Precision, Schedule
@@ -58,25 +58,42 @@ def _context(job: JobSpec, features: FeaturePreset, n: int, v: int, nodes: int,
              island: Island) -> PlanContext:
     # max_pp does not depend on the group (the parallelizer caps pp by the GPUs), so a group
     # of a given size shares its cache entries across clusters (replan).
+    schedule = Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B
     return PlanContext(job.training.seq_len, job.training.global_batch // n, n, 1,
                        job.planner.epsilon, job.model.layers // v, features,
-                       Schedule.INTERLEAVED, v, job.planner.framework, job.training.precision,
+                       schedule, v, job.planner.framework, job.training.precision,
                        job.constraints)
 
 
 def _best_of(plans: list[PartialPlan], job: JobSpec, n: int, v: int
              ) -> tuple[float, PartialPlan] | None:
-    """The fastest plan Megatron's interleaving rules accept, with its iteration time."""
+    """The fastest plan Megatron's pipeline rules accept, with its iteration time: interleaved,
+    ``pp >= 2``, ``layers % (pp v) == 0`` and ``n % pp == 0``; plain (``v = 1``), a layer split
+    whose middle stages are equal (only the first and last may differ)."""
     best = None
     for p in plans:
         pp = p.config.pp
-        if pp < 2 or job.model.layers % (pp * v) or n % pp or \
-                not job.constraints.allows_depth(pp):
+        if not job.constraints.allows_depth(pp):
+            continue
+        if v > 1 and (pp < 2 or job.model.layers % (pp * v) or n % pp):
+            continue
+        if v == 1 and len(set(substage_layers(job.model.layers, pp)[1:-1])) > 1:
             continue
         t = interleaved_cycle_time(p.stage_latencies, n, v) + p.iteration_s
         if best is None or t < best[0]:
             best = (t, p)
     return best
+
+
+def chunk_options(job: JobSpec) -> list[int]:
+    """Chunks per GPU ``v`` searched for one-mesh plans: ``v >= 2`` where the runtime
+    interleaves one mesh; ``v = 1`` (plain 1F1B over the internal pipeline) where the runtime
+    runs one layout only (Megatron-Core), whose plans are all one mesh."""
+    prof, c = profile(job.planner.framework), job.constraints
+    out = [1] if prof.uniform_layout and c.allows_schedule(Schedule.ONE_F_ONE_B) else []
+    if interleaving_allowed(prof, meshes=1) and c.allows_schedule(Schedule.INTERLEAVED):
+        out += chunk_counts(job.model.layers, c.virtual_stages)
+    return out
 
 
 def best_interleaved(job: JobSpec, features: FeaturePreset, ns: list[int],
@@ -88,8 +105,7 @@ def best_interleaved(job: JobSpec, features: FeaturePreset, ns: list[int],
     ``ns``: micro-batch counts to try; ``views``: the island sets (and view names) the
     composition searched, whose islands host the candidate pipelines.
     """
-    if not interleaving_allowed(profile(job.planner.framework), meshes=1) or \
-            not job.constraints.allows_schedule(Schedule.INTERLEAVED):
+    if not chunk_options(job):
         return None, 0
     best, calls = None, [0]
     for islands, view in views:
@@ -109,7 +125,7 @@ def _on_island(job, features, ns, parallelizer, island, bar, calls: list[int]):
             break  # fewer nodes only raise the floor
         group = group_island(island, nodes)
         for n in ns:
-            for v in chunk_counts(job.model.layers, job.constraints.virtual_stages):
+            for v in chunk_options(job):
                 ctx = _context(job, features, n, v, nodes, island)
                 calls[0] += 1
                 found = _best_of(parallelizer.plan(ModelSlice.whole(job.model), group, ctx),
@@ -126,11 +142,12 @@ def _decode(job: JobSpec, found, islands: IslandSet, view: str, island: Island,
     stage = StagePlan(island, 0, job.model.layers, Position.ONLY, 1, partial,
                       tuple(order[:nodes]))
     busy = {x.node_id for x in stage.nodes}
-    why = (f"the optimal plan is one interleaved pipeline (v = {v}) on {nodes} of the "
-           f"{len(island.nodes)} nodes of {island.name}")
+    kind = f"one interleaved pipeline (v = {v})" if v > 1 else \
+        f"one Megatron pipeline of one layout (pp = {partial.config.pp})"
+    why = f"the optimal plan is {kind} on {nodes} of the {len(island.nodes)} nodes of {island.name}"
     idle = tuple((x.node_id, why if x in island.nodes else
-                  f"island {i.name} is not in the optimal plan (one interleaved pipeline)")
+                  f"island {i.name} is not in the optimal plan ({kind})")
                  for i in islands.islands for x in sorted(i.nodes, key=node_key)
                  if x.node_id not in busy)
-    info = SolverInfo("interleaved", True, 0.0, calls)
+    info = SolverInfo("interleaved" if v > 1 else "one-mesh", True, 0.0, calls)
     return Plan(job, islands, (stage,), (), n, job.planner.overlap, info, idle, view, v)

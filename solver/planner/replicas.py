@@ -33,6 +33,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+from solver.cost.frameworks import profile
 from solver.cost.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
 from solver.cost.parallelizer import Parallelizer
 from solver.planner.interleaved import compute_floor
@@ -317,7 +318,9 @@ def plan_replicas(job: JobSpec, single: Plan, config: PlannerConfig = PlannerCon
     validated before it is returned."""
     start = time.perf_counter()
     islands = job_islands(job).islands
-    limit = job.constraints.max_replicas or len(islands)
+    # Megatron-LM runs one layout and equal batch shares: replicas are its dp, not ours.
+    limit = 1 if profile(job.planner.framework).uniform_layout else \
+        (job.constraints.max_replicas or len(islands))
     unit = share_unit(job, options.share_steps)
     pooled = options.workers > 1 and parallelizer is None
     with ProcessPoolExecutor(options.workers) if pooled else nullcontext() as pool:

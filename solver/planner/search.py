@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from solver.cost.frameworks import job_runtime
+from solver.cost.frameworks import job_runtime, profile
 from solver.compose.stage_table import GroupRestrictions, GroupResult
 from solver.compose.table import Position, slice_position
 from solver.cost.parallelizer import (AnalyticParallelizer, FeatureSet, Parallelizer, PlanContext,
@@ -200,7 +200,10 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
     ns = [run.n_micro] if run is not None else ([fixed] if fixed else
                                                  search_order(candidate_n_micro(job)))
     best, calls, proven, tried = None, 0, True, []
-    plain = job.constraints.allows_schedule(Schedule.ONE_F_ONE_B)  # else interleaved only
+    # Node-group composition where the runtime runs a layout per stage (FlagScale); a runtime
+    # of one layout (Megatron-Core) gets one-mesh plans only (planner.interleaved).
+    plain = job.constraints.allows_schedule(Schedule.ONE_F_ONE_B) and \
+        not profile(job.planner.framework).uniform_layout
     for n in ns:
         for r in ([run] if run is not None else views(job, config, n, par)):
             bar = best[0].total * (1 - REL_TIE) if best is not None else upper
@@ -216,8 +219,9 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
                                       [(isl, view) for view, isl in seen.items()])
     calls += alt_calls  # every call the plan cost, as a caching parallelizer counts them
     if alt is not None:
-        plan = replace(alt, solver=SolverInfo(f"{(config.solver or job.planner.solver).value}+interleaved", proven,
-                                              time.perf_counter() - start, calls))
+        name = alt.solver.name if not plain else \
+            f"{(config.solver or job.planner.solver).value}+{alt.solver.name}"
+        plan = replace(alt, solver=SolverInfo(name, proven, time.perf_counter() - start, calls))
     elif best is None:
         raise InfeasibleError(explain_infeasible(tried))
     else:

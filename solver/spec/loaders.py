@@ -36,9 +36,10 @@ INSTANCES = Path(__file__).resolve().parents[2] / "instances"
 CATALOG_PATH = INSTANCES / "gpus.toml"
 MAX_GPUS = 1_000_000
 MAX_LAYERS = 4096
-#: Runtimes the heterogeneous planner makes plans for: each pipeline stage (a mesh) may have its
-#: own layout. The others run one (tp, cp, ep, dp) on every stage (solver.cost.frameworks).
-PLANNED_FRAMEWORKS = (Framework.FLAGSCALE,)
+#: Runtimes the planner makes plans for: FlagScale (each pipeline stage, a mesh, may have its own
+#: layout) and Megatron-Core (one mesh: one layout, Megatron's layer split; what Megatron-LM's
+#: arguments express). The others are priced by `tangram estimate` only.
+PLANNED_FRAMEWORKS = (Framework.FLAGSCALE, Framework.MEGATRON_CORE)
 
 
 def load_catalog(path: Path | str | None = None) -> dict[str, GPUSpec]:
@@ -298,7 +299,6 @@ def _planner(f: Fields) -> PlannerOptions:
     )
     f.check("framework", opts.framework in PLANNED_FRAMEWORKS,
             f"the planner makes plans for {', '.join(x.value for x in PLANNED_FRAMEWORKS)} only "
-            f"({opts.framework.value} runs one layout on every pipeline stage, which the "
-            "heterogeneous search does not restrict to yet; `tangram estimate` prices one layout)")
+            f"({opts.framework.value}: `tangram estimate` prices a layout of it)")
     f.done()
     return opts

@@ -98,6 +98,25 @@ def test_budget_search_reports_all_its_calls(tmp_path):
     assert plan.solver.parallelizer_calls == par.inner_calls > 0
 
 
+def test_searched_n_micro_reports_every_call(tmp_path):
+    """n_micro searched ("auto"): the plan counts every parallelizer call of the whole search
+    (each n_micro and the interleaved family), as the parallelizer itself counts them."""
+    from conftest import MINI_AUTO
+    from solver.cost.parallelizer import AnalyticParallelizer
+    from solver.planner.plancache import CachingParallelizer, MemoryStore
+    from solver.planner.search import plan_job
+    from solver.spec.loaders import load_job
+    path = tmp_path / "auto.toml"
+    path.write_text(MINI_AUTO)
+    job = load_job(path)
+    par = CachingParallelizer(AnalyticParallelizer(), MemoryStore())
+    plan = plan_job(job, parallelizer=par)
+    assert job.training.n_micro is None and plan.solver.parallelizer_calls > 0
+    assert plan.solver.parallelizer_calls == par.inner_calls + par.hits
+    again = plan_job(job, parallelizer=par)  # all from the cache now: the same calls
+    assert again.solver.parallelizer_calls == plan.solver.parallelizer_calls
+
+
 def test_bench_agree_column_says_not_proven_for_a_limit_hit():
     from types import SimpleNamespace as NS
     from solver.cli.commands.bench import _agree_cell

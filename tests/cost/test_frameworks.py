@@ -102,10 +102,10 @@ def test_feature_set_of_framework_meets_presets():
     assert zero_choices(profile(Framework.FLAGSCALE), True, allowed=(0,)) == (0,)
 
 
-def test_job_with_a_single_layout_framework_is_refused(tmp_path):
+def test_job_with_an_unplanned_framework_is_refused(tmp_path):
     from tests.planner.test_planner import write_job
     path = write_job(tmp_path, ["H100-SXM-80GB", "A100-SXM-80GB"], layers=8)
-    path.write_text(path.read_text() + 'framework = "megatron-core"\n')
+    path.write_text(path.read_text() + 'framework = "deepspeed"\n')
     with pytest.raises(InputError, match="planner.framework"):
         load_job(path)
 

@@ -116,15 +116,30 @@ def _judge(plan, torch):
     return cfg, calc
 
 
-@pytest.mark.parametrize("name", JOBS + ["moe"])
-def test_megatron_core_accepts_the_export(mcore, name, tmp_path):
-    import torch
-    from solver.planner.search import plan_job
-    path = INSTANCES / "jobs" / f"{name}.toml"
+#: Mixed clusters planned for ``framework = "megatron-core"`` (one-mesh plans: always
+#: expressible): the worked example, MoE on A100 + H100, V100 in FP16.
+CORE_JOBS = ["seed-llama3-70b", "mixtral-a100-h100", "v100-a100-llama2-13b"]
+
+
+def _job(name, tmp_path):
+    import dataclasses
+    from solver.spec.domain import Framework
     if name == "moe":
         path = tmp_path / "moe.toml"
         path.write_text(MOE_JOB)
-    plan = plan_job(load_job(path))
+        return load_job(path)
+    job = load_job(INSTANCES / "jobs" / f"{name.removeprefix('core:')}.toml")
+    if name.startswith("core:"):
+        job = dataclasses.replace(job, planner=dataclasses.replace(
+            job.planner, framework=Framework.MEGATRON_CORE))
+    return job
+
+
+@pytest.mark.parametrize("name", JOBS + ["moe"] + [f"core:{n}" for n in CORE_JOBS])
+def test_megatron_core_accepts_the_export(mcore, name, tmp_path):
+    import torch
+    from solver.planner.search import plan_job
+    plan = plan_job(_job(name, tmp_path))
     cfg, calc = _judge(plan, torch)
     assert calc.get() == plan.n_micro
     assert _stage_layers(cfg) == [x for m in meshes(plan) for x in m.layers]

@@ -243,6 +243,9 @@ def test_cli_pareto_json_and_plot(tmp_path, capsys, points):
         set(out["energy"][0])
     front = pareto_front(points, Objective.COST)
     assert [e["islands"] for e in out["cost"]] == [list(p.islands) for p in front]
+    for e, p in zip(out["cost"], front):  # full precision (9 digits), not the table's rounding
+        assert e["tokens_per_s"] == pytest.approx(p.tokens_per_s, rel=1e-8)
+        assert e["iteration_time_s"] == pytest.approx(p.iteration_time_s, rel=1e-8)
     assert plot.stat().st_size > 10_000
 
 

@@ -21,7 +21,7 @@ from solver.compose.dp import (
     objective_of,
     plan_problems,
 )
-from solver.compose.table import POSITIONS, LatencyTable, Restrictions
+from solver.compose.table import POSITIONS, Budget, LatencyTable, Restrictions
 
 NAMES = "ABCDEFGH"
 
@@ -34,14 +34,20 @@ def _row(draw, L: int, values, null_p: float) -> list:
 
 @st.composite
 def tables(draw, max_k=4, max_l=6, values=st.integers(0, 40).map(lambda v: v / 4)):
-    """Random table with optional positions, links, nulls and use_all."""
-    K, L = draw(st.integers(1, max_k)), draw(st.integers(1, max_l))
+    """Random table with optional positions, links, nulls and use_all; three or more islands and
+    four or more layers in most examples (deep plans are where composition goes wrong)."""
+    K = draw(st.one_of(st.integers(min(3, max_k), max_k), st.integers(1, max_k)))
+    L = draw(st.one_of(st.integers(min(4, max_l), max_l), st.integers(1, max_l)))
     n = draw(st.integers(1, 8))
     names = tuple(NAMES[:K])
     null_p = draw(st.sampled_from([0.0, 0.2]))
     lat = {}
+    steep = draw(st.booleans())  # latencies superlinear in the slice length: splitting pays
     for name in names:
-        if draw(st.booleans()):
+        if steep:
+            c = draw(st.integers(1, 4))
+            lat[name] = [c * d * d / 4 for d in range(1, L + 1)]
+        elif draw(st.booleans()):
             lat[name] = {p.value: _row(draw, L, values, null_p) for p in POSITIONS}
         else:
             lat[name] = _row(draw, L, values, null_p)
@@ -55,8 +61,9 @@ def tables(draw, max_k=4, max_l=6, values=st.integers(0, 40).map(lambda v: v / 4
 
 @st.composite
 def restrictions(draw, table: LatencyTable):
-    """Random windows, memory caps and bans over the table's islands (or None)."""
-    if draw(st.booleans()):
+    """Random windows, memory caps, bans, a stage limit and a budget over the table's islands
+    (or None)."""
+    if draw(st.integers(0, 3)) == 0:
         return None
     L, names = table.layers, table.islands
     window = {k: tuple(sorted(draw(st.lists(st.integers(1, L), min_size=2, max_size=2))))
@@ -66,7 +73,12 @@ def restrictions(draw, table: LatencyTable):
     pairs = [(a, b) for a in names for b in names if a != b]
     bans = frozenset(draw(st.lists(st.sampled_from(pairs), unique=True, max_size=3))
                      if pairs else ())
-    return Restrictions(window, memory, bans)
+    budget = None
+    if draw(st.booleans()):
+        rates = {k: float(draw(st.integers(0, 3))) for k in names}
+        budget = Budget(rates, float(draw(st.integers(0, 6))))
+    return Restrictions(window, memory, bans, draw(st.one_of(st.none(), st.integers(1, 4))),
+                        budget)
 
 
 @st.composite

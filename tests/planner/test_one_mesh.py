@@ -81,3 +81,20 @@ def test_shipped_jobs_under_megatron_core_export_to_megatron(name):
     plan = plan_job(job)
     assert len(plan.stages) == 1 and problems(plan, job) == []
     assert any(a.startswith("--tensor-model-parallel-size") for a in megatron_args(plan))
+
+
+def test_a_whole_cluster_plan_says_so_and_why(tmp_path, capsys):
+    """The worked example under Megatron-Core runs best as one mesh over all 24 nodes at the
+    A100's pace; the plan says that it treats the cluster as its weakest GPU, and why, and
+    leaves no node idle."""
+    from solver.cli.main import main
+    src = (INSTANCES / "jobs" / "seed-llama3-70b.toml").read_text()
+    path = tmp_path / "seed-core.toml"
+    path.write_text(src.replace("[planner]\n", '[planner]\nframework = "megatron-core"\n'))
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "the whole cluster as one island at its weakest node's figures" in out
+    assert "beats every plan over the islands" in out
+    plan = plan_job(load_job(path))
+    assert plan.view == "whole cluster" and not plan.idle
+    assert plan.stages[0].island.gpu.name == "A100-SXM-80GB" and plan.stages[0].gpus == 192

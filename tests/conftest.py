@@ -12,7 +12,7 @@ from hypothesis import settings
 settings.register_profile("tangram", derandomize=True, database=None, deadline=None)
 settings.load_profile("tangram")
 
-from solver.spec.domain import ClusterSpec, NodeGroup
+from solver.spec.domain import ClusterSpec, ModelSpec, NodeGroup
 from solver.spec.loaders import INSTANCES, load_catalog
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +35,15 @@ def make_cluster(catalog, *groups, name="test") -> ClusterSpec:
     return ClusterSpec(name, tuple(out))
 
 
+#: Model shapes of the independent-model checks (memory and time): GQA with a gated MLP, a tied
+#: GPT-style dense model, and MoE with a shared expert.
+REFERENCE_MODELS = [
+    ModelSpec("llama", layers=16, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256),
+    ModelSpec("gpt", layers=12, hidden=2048, ffn=8192, heads=16, kv_heads=16, vocab=51200,
+              gated_mlp=False, tied_embeddings=True),
+    ModelSpec("moe", layers=8, hidden=2048, ffn=8192, heads=16, kv_heads=4, vocab=32000,
+              experts=8, top_k=2, expert_ffn=4096, shared_experts=1),
+]
 SHIPPED_CLUSTERS = sorted((INSTANCES / "clusters").glob("*.toml"))
 SHIPPED_JOBS = sorted((INSTANCES / "jobs").glob("*.toml"))
 

@@ -76,6 +76,7 @@ class _Setup(NamedTuple):
 
 def _machine(island: Island, precision: Precision, calib: Calibration,
              unfused_software: bool) -> _Machine:
+    """The island's GPU as the formulas see it: weakest members, datasheet figures derated."""
     nodes, gpu = island.nodes, island.gpu
     sixteen = island.tflops_per_gpu * 1e12
     fused = (calib.attention is AttentionKernel.FLASH and not unfused_software
@@ -106,6 +107,7 @@ def _consecutive(g: _Machine, span: float) -> tuple[float, float]:
 
 
 def _members_per_node(g: _Machine, stride: int, group: int) -> int:
+    """Members of a group of ranks ``stride`` apart that share one node (rails in use)."""
     return min(max(g.per_node // max(stride, 1), 1), max(group, 1))
 
 
@@ -276,6 +278,7 @@ def _setup(model, seq_len, island, calib, profile, precision, overlap) -> _Setup
 
 def _substage(st: _Setup, c: StageConfig, layers: int, emb: bool, head: bool,
               p2p_factor: float) -> tuple[float, float, float]:
+    """(fwd + bwd seconds per micro-batch, exposed sync, optimizer step) of one sub-stage."""
     n = c.micro_batch * st.seq / c.cp
     lw_f, lc_f, lw_b, lc_b = _layer(st, c, n)
     hw_f, hc_f, hw_b, hc_b = _head(st, c, n) if head else (0.0, 0.0, 0.0, 0.0)

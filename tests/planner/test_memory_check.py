@@ -9,15 +9,10 @@ import pytest
 from solver.cost.memory import substage_memory
 from solver.cost.stage import ConfigArrays, StageConfig
 from solver.planner.memory_check import held_micro_batches, layer_counts, substage_bytes
-from solver.spec.domain import Framework, ModelSpec, Recompute
+from conftest import REFERENCE_MODELS
+from solver.spec.domain import Framework, Recompute
 
-MODELS = [
-    ModelSpec("llama", layers=16, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256),
-    ModelSpec("gpt", layers=12, hidden=2048, ffn=8192, heads=16, kv_heads=16, vocab=51200,
-              gated_mlp=False, tied_embeddings=True),
-    ModelSpec("moe", layers=8, hidden=2048, ffn=8192, heads=16, kv_heads=4, vocab=32000,
-              experts=8, top_k=2, expert_ffn=4096, shared_experts=1),
-]
+MODELS = REFERENCE_MODELS
 
 
 def _random_case(rng):

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from conftest import REFERENCE_MODELS
 from solver.cost.efficiency import DEFAULT_CALIBRATION, AttentionKernel
 from solver.cost.frameworks import PROFILES, Runtime
 from solver.cost.stage import ConfigArrays, ModelSlice, StageConfig
@@ -19,12 +20,7 @@ from solver.planner.time_check import plan_stage_seconds, stage_seconds, substag
 from solver.spec.domain import Island, ModelSpec, Node, Precision, Recompute, Schedule
 from solver.spec.loaders import INSTANCES, load_catalog, load_job
 
-MODELS = [
-    ModelSpec("llama", layers=16, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256),
-    ModelSpec("gpt", layers=12, hidden=2048, ffn=8192, heads=16, kv_heads=16, vocab=51200,
-              gated_mlp=False, tied_embeddings=True),
-    ModelSpec("moe", layers=8, hidden=2048, ffn=8192, heads=16, kv_heads=4, vocab=32000,
-              experts=8, top_k=2, expert_ffn=4096, shared_experts=1),
+MODELS = REFERENCE_MODELS + [
     ModelSpec("qwen-like", layers=10, hidden=2048, ffn=6144, heads=32, kv_heads=4, vocab=151936,
               experts=16, top_k=4, expert_ffn=768, head_dim=128),
 ]

@@ -152,3 +152,37 @@ def test_plan_validate_property_realistic(tmp_path, catalog, models):
     """Realistic-size jobs (up to 4 kinds x 64 nodes, any model): slower, run with ``-m slow``."""
     assert _plan_and_validate(range(REALISTIC_JOBS), tmp_path, catalog, models,
                               Scale.REALISTIC) >= MIN_FEASIBLE
+
+
+SAFE_JOBS = 12
+
+
+def test_provably_safe_rules_never_drop_the_optimum(tmp_path, catalog, models):
+    """Over generated jobs: the safe rule set (1, 2s, 3, 4s) finds exactly the optimum of the
+    unpruned search (no rule at all: every slice planned, no window, cap or ban), or both find
+    nothing."""
+    _safe_equals_unpruned(range(SAFE_JOBS), tmp_path, catalog, models)
+
+
+@pytest.mark.slow
+def test_provably_safe_rules_never_drop_the_optimum_many(tmp_path, catalog, models):
+    _safe_equals_unpruned(range(SAFE_JOBS, 6 * SAFE_JOBS), tmp_path, catalog, models)
+
+
+def _safe_equals_unpruned(seeds, tmp_path, catalog, models) -> None:
+    compared = 0
+    for seed in seeds:
+        gen = generate(GenOptions(seed, scale=Scale.SMALL), catalog, models)
+        job = load_job(write_job(gen, tmp_path / f"{gen.name}.toml"), catalog)
+        found = []
+        for rules in (Rule.safe(), Rule.NONE):
+            try:
+                found.append(plan_job(job, PlannerConfig(rules=rules)).iteration_time_s)
+            except InfeasibleError:
+                found.append(None)
+        safe, unpruned = found
+        assert (safe is None) == (unpruned is None), f"seed {seed}"
+        if safe is not None:
+            assert safe == pytest.approx(unpruned, rel=1e-9), f"seed {seed}"
+            compared += 1
+    assert compared >= len(seeds) // 2

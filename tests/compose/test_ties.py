@@ -116,10 +116,30 @@ def test_models_return_the_rules_plan(problem):
     for kind in (SolverKind.CPSAT, SolverKind.MILP):
         got = solve_table(table, None, kind, overlap, time_limit_s=30.0)
         assert _stages(got) == (winner or []), kind
+        if got.feasible:  # the model's label and proof, the canonical plan and its objective
+            assert got.solver.startswith(kind.value) and got.optimal
+            assert got.tie_break == "canonical" and got.bound == got.objective
+            assert got.objective == _own_t(table, winner, overlap)
     own = solve_cpsat(table, None, overlap, 30.0)  # the model's own plan: optimal, any of the tied
     if own.feasible:
         assert own.objective == pytest.approx(compose_dp(table, None, overlap).objective)
         assert solve_milp(table, None, overlap, 30.0).tie_break == "the solver's own"
+
+
+def _own_t(table, stages, overlap):
+    return next(t for t, _, plan in _every_plan(table, overlap) if plan == stages)
+
+
+def test_a_table_too_large_for_the_dp_keeps_the_solvers_plan_and_says_so():
+    names = tuple(f"i{k}" for k in range(13))  # one island more than the DP composes
+    table = LatencyTable(1, 1, names, {n: [1.0 + k] for k, n in enumerate(names)}, {})
+    own = compose_brute(table)
+    claimed = CompositionResult(own.stages, own.objective, "cpsat", True, SolveStatus.OPTIMAL,
+                                0.1, own.objective, 0.0)
+    kept = canonical_result(table, None, False, claimed)
+    assert kept.stages == own.stages and kept.objective == own.objective
+    assert kept.tie_break.startswith("the solver's own (no canonical plan: ")
+    assert "at most 12 islands" in kept.tie_break
 
 
 def test_a_disagreeing_optimum_keeps_its_own_plan_and_says_so():
@@ -127,7 +147,15 @@ def test_a_disagreeing_optimum_keeps_its_own_plan_and_says_so():
     dp = compose_dp(table)
     wrong = CompositionResult(dp.stages[::-1], 54.0, "cpsat", True, SolveStatus.OPTIMAL, 0.1)
     kept = canonical_result(table, None, False, wrong)
-    assert kept.stages == wrong.stages and "differs from 54.0" in kept.tie_break
+    assert kept.stages == wrong.stages and kept.objective == 54.0
+    assert kept.tie_break == "the solver's own: the DP's optimum 55.0 differs from 54.0"
+    close = canonical_result(table, None, False, CompositionResult(
+        dp.stages[::-1], 55.0 * (1 + 1e-10), "milp", True, SolveStatus.OPTIMAL, 0.1))
+    assert close.stages == dp.stages and close.tie_break == "canonical"  # within 1e-9
+    assert close.objective == 55.0 and close.solver == "milp"
+    far = canonical_result(table, None, False, CompositionResult(
+        dp.stages[::-1], 55.0 * (1 + 1e-8), "milp", True, SolveStatus.OPTIMAL, 0.1))
+    assert far.stages == dp.stages[::-1]
     none = canonical_result(table, None, False, CompositionResult((), None, "cpsat", False,
                                                                   SolveStatus.TIME_LIMIT, 1.0))
     assert none.tie_break == "the solver's own" and not none.stages

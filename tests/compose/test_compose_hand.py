@@ -222,6 +222,10 @@ def test_cli_solvers_plain(monkeypatch, capsys, solver):
                               "--solver", solver, "--time-limit", "20"])
     out = capsys.readouterr().out
     assert code == 0 and "T = 55 s per iteration" in out and "optimal" in out
+    # Three plans reach 55 s; every solver prints the tie rule's (solver.compose.ties), and
+    # says nothing about ties when it is the canonical one.
+    rows = [line.split()[1:3] for line in out.splitlines() if line[:1].isdigit()]
+    assert rows == [["C", "[0,"], ["B", "[1,"], ["A", "[3,"]] and "ties:" not in out
 
 
 def test_cli_infeasible_exit_3(monkeypatch, capsys, tmp_path):

@@ -274,3 +274,75 @@ def test_layer_split_and_in_flight():
     assert list(in_flight_of(inter, np.full(4, 4), np.arange(4))) == [5.5, 4.5, 3.5, 2.5]
     assert math.isclose(in_flight_of(dataclasses.replace(pipe, schedule=Schedule.GPIPE),
                                      np.array([4]), np.array([3]))[0], 3)
+
+
+def _capacity_cases(catalog):
+    """Configurations whose memory binds somewhere between 1 and n micro-batches: dense and MoE,
+    FlashAttention and unfused (V100), DeepSpeed's per-module ZeRO-3 buffer, offload."""
+    a100 = Island.homogeneous("a100", catalog["A100-SXM-40GB"], 8)
+    v100 = Island.homogeneous("v100", catalog["V100-SXM2-32GB"], 8)
+    base = [StageConfig(tp=t, dp=8 // t, micro_batch=b, zero=z, recompute=r, offload=o)
+            for t in (1, 2, 8) for b in (1, 4) for z in (0, 1) for r in Recompute
+            for o in (False, True)]
+    moe = [StageConfig(tp=1, dp=8, ep=e, micro_batch=2, zero=1) for e in (2, 8)]
+    return [(ModelSlice(LLAMA2_13B, 8, True, False), a100, base, Runtime()),
+            (ModelSlice(LLAMA2_13B, 6, False, True), v100, base[:24], Runtime()),
+            (ModelSlice(MOE, 8, True, True), a100, moe, Runtime(Framework.DEEPSPEED)),
+            (ModelSlice(GPT_1_7B, 24, True, True), a100,
+             [dataclasses.replace(c, zero=3) for c in base[:8]], Runtime(Framework.DEEPSPEED))]
+
+
+def test_in_flight_capacity_equals_the_most_that_fits(catalog):
+    """The two-evaluation shortcut (memory affine in the in-flight count) equals the largest
+    ``h`` for which the stage, priced at ``h`` micro-batches in flight, fits HBM and the host
+    budget — found here by pricing every ``h``."""
+    from solver.cost.stage_costs import in_flight_capacity
+    n, eps, seen = 12, 0.1, set()
+    for slc, island, configs, runtime in _capacity_cases(catalog):
+        cfg = ConfigArrays.of(configs)
+        one = stage_costs(slc, island, 4096, cfg, PipelineSetting(n, 1), runtime=runtime)
+        got = in_flight_capacity(slc, island, 4096, cfg, one, n, eps, runtime=runtime)
+        for i in range(len(configs)):
+            most = 0
+            for h in range(1, n + 1):
+                c = stage_costs(slc, island, 4096, cfg.take(np.array([i])),
+                                PipelineSetting(n, h), runtime=runtime)
+                if c.fits(island.hbm_gb, eps, CALIB)[0]:
+                    most = h
+            assert got[i] == most, (slc.model.name, configs[i])
+            seen.add(min(most, 2) if most < n else n)
+    assert seen == {0, 1, 2, n}  # never fits, fits one, fits some, fits all: every branch
+
+
+def _exactly(total: float) -> float:
+    """The float ``x`` with ``x * 1e9 == total`` (a limit met to the byte)."""
+    x = total / 1e9
+    for _ in range(8):
+        if x * 1e9 == total:
+            return x
+        x = float(np.nextafter(x, np.inf if x * 1e9 < total else -np.inf))
+    raise AssertionError("no exact limit")
+
+
+def test_fits_is_inclusive_at_both_limits(a100):
+    """``(1 − ε)·HBM`` and the host budget are allowed exactly, not a byte more."""
+    slc = ModelSlice(LLAMA2_13B, 2, False, False)
+    c = costs_of(slc, a100, [StageConfig(tp=8, offload=True)], pipe=PipelineSetting(4, 4))
+    total, host = float(c.memory.total[0]), float(c.host_bytes[0])
+    assert host > 0
+    hbm, budget = _exactly(total), _exactly(host)
+    at = dataclasses.replace(CALIB, host_offload_gb=budget)
+    assert c.fits(hbm, 0.0, at)[0]                                  # both met exactly
+    assert not c.fits(hbm * (1 - 1e-10), 0.0, at)[0]                # HBM a little short
+    assert not c.fits(hbm, 0.0, dataclasses.replace(at, host_offload_gb=budget * (1 - 1e-10)))[0]
+    assert c.fits(hbm / 0.9 * (1 + 1e-12), 0.1, at)[0]              # ε takes its share
+
+
+def test_all_to_all_with_a_stride_that_does_not_divide_the_node_by_hand():
+    """8 GPUs per node, EP ranks 3 apart: 8 // 3 = 2 members share a node (not 8/3); a group of
+    4 sends 1/4 of 1 GB over NVLink (1 peer) and 2/4 over the NIC, plus 3 step latencies."""
+    links = Links(intra_bw=200e9, inter_bw=20e9, intra_lat=1e-6, inter_lat=5e-6, pcie_bw=1e9,
+                  hbm_bw=1e12, gpus_per_node=8)
+    t = float(links.all_to_all(np.asarray(1e9), np.asarray(3), np.asarray(4)))
+    assert t == pytest.approx(max(1 / 4 * 1e9 / 200e9, 2 / 4 * 1e9 / 20e9) + 3 * 5e-6, rel=1e-12)
+    assert float(links.all_to_all(np.asarray(1e9), np.asarray(1), np.asarray(1))) == 0.0

@@ -259,3 +259,68 @@ def test_cross_check_verdict_by_hand():
     # Two proven objectives that differ, or a plan one solver finds and another does not.
     assert _verdict({**obj, "cpsat": 2.1}, proven) == (False, "disagree")
     assert _verdict({**obj, "milp": None}, proven) == (False, "disagree")
+
+
+def test_validate_names_every_problem_in_one_message():
+    """Two faults at once: both are named, ``; ``-joined after ``invalid plan: ``; a fault the
+    framework profile catches is kept beside the constraint faults."""
+    from dataclasses import replace
+    job = load_job(INSTANCES / "jobs" / "seed-llama3-70b.toml")
+    plan = plan_job(job)
+    first, rest = plan.stages[0], plan.stages[1:]
+    zero2 = replace(first.plan, config=replace(first.plan.config, zero=2))  # not with PP
+    cheat = replace(zero2, latency_s=0.1, stage_latencies=(0.1,))
+    bad = replace(plan, stages=(replace(first, plan=cheat), *rest))
+    found = problems(bad, job)
+    assert any("ZeRO-2" in p for p in found) and any("latenc" in p for p in found)
+    with pytest.raises(PlanInvalid) as exc:
+        validate(bad, job)
+    assert str(exc.value) == "invalid plan: " + "; ".join(found)
+
+
+def test_a_single_unpipelined_stage_may_use_what_only_pipelines_forbid():
+    """DeepSpeed runs ZeRO-3 without pipeline parallelism (its PipelineEngine asserts ZeRO < 2
+    with it): one stage with pp = 1 and ZeRO-3 passes the profile check; two stages do not."""
+    from dataclasses import replace
+    from solver.cost.frameworks import profile, violations
+    from solver.spec.domain import Framework
+    job = load_job(INSTANCES / "jobs" / "homog-a100-llama2-13b.toml")
+    plan = plan_job(job)
+    ds = replace(job, planner=replace(job.planner, framework=Framework.DEEPSPEED))
+    cfg = replace(plan.stages[0].plan.config, pp=1, zero=3)
+    assert violations([cfg], profile(Framework.DEEPSPEED), False) == []
+    assert violations([cfg, cfg], profile(Framework.DEEPSPEED), True)
+    one = replace(plan, stages=(replace(plan.stages[0], plan=replace(plan.stages[0].plan,
+                                                                      config=cfg)),),
+                  virtual_stages=1)
+    assert not any("ZeRO" in p for p in problems(one, ds))
+
+
+def test_validator_recomputes_the_overlapped_objective():
+    """The shipped overlap job (eq. 9): the plan validates, its objective is eq. 9 of its own
+    stage latencies and links worked out here, and a wrong objective is caught."""
+    from dataclasses import replace
+    job = load_job(INSTANCES / "jobs" / "overlap-demo.toml")
+    plan = plan_job(job)
+    assert job.planner.overlap and len(plan.stages) >= 2 and problems(plan, job) == []
+    taus = [s.plan.latency_s for s in plan.stages]
+    costs = [max(t, c) for t, c in zip(taus, list(plan.links) + [0.0])]
+    t = (plan.n_micro - 1) * max(costs) + sum(costs) + plan.iteration_extra_s
+    assert plan.iteration_time_s == pytest.approx(t, rel=1e-9)
+    slow = replace(plan, links=tuple(10.0 + c for c in plan.links))  # links no longer hidden
+    assert slow.iteration_time_s > plan.iteration_time_s
+    assert any("objective" in p for p in problems(slow, job))
+
+
+def test_baselines_validate_against_their_own_islands():
+    """The oblivious baseline plans the whole cluster as one island: valid with that island,
+    and the validator refuses it against Algorithm 1's islands, which do not contain it."""
+    from solver.planner.baselines import Baseline, oblivious_island, plan_baseline
+    job = load_job(INSTANCES / "jobs" / "seed-llama3-70b.toml")
+    plan = plan_baseline(job, Baseline.OBLIVIOUS)
+    island = oblivious_island(job)
+    assert problems(plan, job, (island,)) == []
+    validate(plan, job, (island,))
+    assert problems(plan, job)
+    with pytest.raises(PlanInvalid):
+        validate(plan, job)

@@ -62,3 +62,7 @@ def test_overlapped_cycle_time_by_hand():
     assert cycle_time([1.0, 2.0], [3.0], 2, overlap=True) == 8.0
     assert cycle_time([1.0, 2.0], [3.0], 2) == 9.0
     assert cycle_time([4.0], [], 3, overlap=True) == 12.0
+    # Sub-second stages (the last one has no link after it, so it costs its own 0.25 s):
+    # e = (max(0.25, 0.125), max(0.5, 0.75), 0.25) = (0.25, 0.75, 0.25), n = 4:
+    # 3 * 0.75 + 1.25 = 3.5 s.
+    assert cycle_time([0.25, 0.5, 0.25], [0.125, 0.75], 4, overlap=True) == 3.5

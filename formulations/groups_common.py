@@ -61,11 +61,7 @@ class SlotEntry:
 def slot_depth(table: StageTable, restrictions: GroupRestrictions | None) -> int:
     """Most stages a plan can have (each needs a layer and a group of nodes)."""
     depth = min(table.layers, sum(i.nodes // min(i.groups) for i in table.islands))
-    if restrictions is not None and restrictions.max_stages is not None:
-        depth = min(depth, restrictions.max_stages)
-    if restrictions is not None and restrictions.depths is not None:
-        depth = min(depth, max(restrictions.depths, default=0))
-    return depth
+    return depth if restrictions is None else restrictions.depth_bound(depth)
 
 
 def slot_entries(table: StageTable, depth: int, upper: float = math.inf

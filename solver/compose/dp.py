@@ -54,8 +54,8 @@ from solver.compose.table import (
     position_index,
 )
 
-__all__ = ["TIE_CANONICAL", "CompositionResult", "SolveStatus", "StageAssignment", "TooLargeError", "Position",
-           "compose_dp", "compose_brute", "compose_paper_recurrence", "objective_of",
+__all__ = ["TIE_CANONICAL", "CompositionResult", "SolveStatus", "StageAssignment",
+           "TooLargeError", "Position", "compose_dp", "compose_brute", "compose_paper_recurrence", "objective_of",
            "make_stages", "plan_problems", "explain_infeasible", "canonical_result",
            "MAX_DP_ISLANDS"]
 

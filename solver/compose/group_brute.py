@@ -83,7 +83,7 @@ def compose_groups_brute(table: StageTable, restrictions: GroupRestrictions | No
     """
     t0 = perf_counter()
     r = restrictions or GroupRestrictions()
-    depth = r.max_stages or table.layers
+    depth = r.depth_bound(table.layers)
     names = table.names()
     count, best = 0, None
     for order, stages in _structures(table, depth):

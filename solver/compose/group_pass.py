@@ -92,10 +92,8 @@ def _prepare(table: StageTable, restr: GroupRestrictions | None, overlap: bool) 
         gu[k, :len(isl.groups)] = [g // u for g in isl.groups]
     ngroups = np.array([len(i.groups) for i in table.islands], dtype=np.int64)
     depth = min(table.layers, int(sum(units[k] // gu[k, 0] for k in range(big_k))))
-    if restr is not None and restr.max_stages is not None:
-        depth = min(depth, restr.max_stages)
-    if restr is not None and restr.depths is not None:
-        depth = min(depth, max(restr.depths, default=0))
+    if restr is not None:
+        depth = restr.depth_bound(depth)
     # ends[j]: a complete plan of j + 1 stages may be taken (the user's allowed depths).
     ends = np.array([restr is None or restr.allows_depth(j + 1) for j in range(depth)],
                     dtype=bool)
@@ -241,12 +239,11 @@ def _run_pass(prep: _Prep, kern: _Kernels, cap: float, mode: Mode, budget: float
         level_step(j, w, x, kern.tau, dmax, prep.link, prep.gu, prep.ngroups, prep.units,
                    prep.masks, prep.nmask, prep.allowed, cap, sum_mode, prep.overlap, new_w,
                    new_x, best)
-        if not prep.ends[j]:
-            pass  # a depth the user does not allow: its complete plans are not plans
-        elif best[0] < ps.value and best[0] <= budget:
+        taken = prep.ends[j]  # complete plans of a depth the user does not allow are not plans
+        if taken and best[0] < ps.value and best[0] <= budget:
             ps.value = float(best[0])
             ps.final = (j, int(best[1]), int(best[2]), int(best[3]), int(best[4]))
-        elif best[0] > budget and np.isfinite(best[0]):
+        elif taken and best[0] > budget and np.isfinite(best[0]):
             ps.pruned = True  # a complete plan over the budget was dropped
         # A complete plan bounds the pass too: a state that cannot beat it strictly is dropped
         # (values only grow along a path, by at least ``rate`` per layer).

@@ -184,6 +184,12 @@ class GroupRestrictions:
     budget: Budget | None = None
     depths: frozenset[int] | None = None
 
+    def depth_bound(self, upper: int) -> int:
+        """``upper`` capped by ``max_stages`` and the largest allowed depth."""
+        if self.max_stages is not None:
+            upper = min(upper, self.max_stages)
+        return upper if self.depths is None else min(upper, max(self.depths, default=0))
+
     def allows_depth(self, depth: int) -> bool:
         """Whether a plan of ``depth`` stages is allowed (``max_stages`` and ``depths``)."""
         return (self.max_stages is None or depth <= self.max_stages) and \

@@ -219,15 +219,22 @@ def substage_layers(layers: int, pp: int) -> np.ndarray:
     return out
 
 
+def _middle_split(layers: int, pp: np.ndarray):
+    """``(pp, base, rem, middle_extra)`` of :func:`substage_layers`, vectorized: every sub-stage
+    gets ``base`` layers, the first ``middle_extra`` middle ones one more, the first the rest."""
+    pp = np.asarray(pp)
+    base, rem = np.divmod(layers, pp)
+    return pp, base, rem, np.minimum(rem, np.maximum(pp - 2, 0))
+
+
 def split_layers(layers: int, pp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Layers of the first, second and last sub-stage (vectorized :func:`substage_layers`).
 
     With ``pp == 1`` all three are ``layers``; the second sub-stage holds the most layers among
-    the middle ones and the most activations, so it represents them all.
+    the middle ones and the most activations, so it bounds their latency and memory (the
+    lighter middle kind, :func:`light_middle`, is weighed for the sync).
     """
-    pp = np.asarray(pp)
-    base, rem = np.divmod(layers, pp)
-    middle_extra = np.minimum(rem, np.maximum(pp - 2, 0))
+    pp, base, rem, middle_extra = _middle_split(layers, pp)
     first = base + (rem - middle_extra)
     second = np.where(pp >= 3, base + (middle_extra > 0), first)
     return np.where(pp == 1, layers, first), second, np.where(pp == 1, layers, base)
@@ -242,9 +249,7 @@ def light_middle(layers: int, pp: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     gradient sync does not (a sub-stage whose gradients fit one bucket hides none of it), so
     the lighter kind is weighed too.
     """
-    pp = np.asarray(pp)
-    base, rem = np.divmod(layers, pp)
-    middle_extra = np.minimum(rem, np.maximum(pp - 2, 0))
+    pp, base, _, middle_extra = _middle_split(layers, pp)
     exists = (pp >= 3) & (middle_extra > 0) & (pp - 2 > middle_extra)
     return base, 1 + middle_extra, exists
 

@@ -77,8 +77,8 @@ def solve_stage_table(table: StageTable, restrictions: GroupRestrictions | None,
     optimality from them is an independent proof of the DP's, and
     one that stops at its time limit keeps its bound and gap while the plan returned is the
     DP's (marked not proven). A proof of the DP's optimum returns the DP's plan: of several
-    optimal plans every solver gives the same, the one the DP's tie rule picks. ``incumbent`` lets the DP dismiss a table that cannot beat a
-    plan the caller has (status ``dominated``).
+    optimal plans every solver gives the same, the one the DP's tie rule picks. ``incumbent``
+    lets the DP dismiss a table that cannot beat a plan the caller has (status ``dominated``).
 
     Raises
     ------

@@ -212,9 +212,11 @@ def _run_pass(prep: _Prep, kern: _Kernels, cap: float, mode: Mode, budget: float
 
     With a ``budget`` (SUM mode), a state whose sum plus ``rate`` per uncovered layer (a lower
     bound on what the rest costs) exceeds it is dropped: no plan through it stays within budget.
-    With ``t_bound``, a state of sum ``s`` over ``j`` placed stages is dropped when
-    ``(n − 1)·s/j + s + rest > t_bound``: the bottleneck is at least the mean of the placed
-    stages and links, so no plan through it has ``T_pipe`` below ``t_bound``.
+    With ``t_bound``, a state of sum ``s`` at level ``j`` is dropped when
+    ``(n − 1)·s/m + s + rest > t_bound``, ``m`` the number of terms ``s`` adds up: ``j + 1``
+    stage costs ``max(τ, c)`` with overlap, else ``j + 1`` latencies and the ``j`` links between
+    them (``m = 2j + 1``). The bottleneck is at least their mean, so no plan through the state
+    has ``T_pipe`` below ``t_bound``.
     """
     t = prep.table
     big_k, big_g = prep.gu.shape
@@ -248,7 +250,8 @@ def _run_pass(prep: _Prep, kern: _Kernels, cap: float, mode: Mode, budget: float
         # A complete plan bounds the pass too: a state that cannot beat it strictly is dropped
         # (values only grow along a path, by at least ``rate`` per layer).
         bound = min(budget, ps.value)
-        scale = (t.n_micro - 1) / (j + 1) if sum_mode else 0.0
+        terms = j + 1 if prep.overlap else 2 * j + 1
+        scale = (t.n_micro - 1) / terms if sum_mode else 0.0
         flags = prune(new_x, rest, bound, scale, t_bound) | \
             prune(new_w, rest, bound, scale, t_bound)
         alive = flags & 1

@@ -71,6 +71,29 @@ def test_per_iteration_term_is_the_slowest_stage_by_hand():
         assert solve(one_island(2, 1, rows, n=2)).objective == pytest.approx(3.0), name
 
 
+def test_a_bound_counts_the_links_between_placed_stages_by_hand():
+    # 6 layers, n = 3: a 1-layer front stage on island c (1.0), 4 layers on island a's two-node
+    # group (2.0), the last layer on island b (1.0 with no per-iteration time, or 0.5 with 1.0);
+    # the a→b boundary costs 2.0. Without overlap T = 2·2 + (1 + 2 + 1) + 2 = 10 beats
+    # 2·2 + 5.5 + 1 = 10.5. Once 10.5 is known, the two back stages (sum 5 = 1 + 2 + 2 over
+    # three terms) must not be dropped as if their bottleneck were 5/2: 2·2.5 + 5 + 1 > 10.5.
+    def col(d, lats, caps, its=None):
+        return Options.from_lists(6, {d: list(zip(lats, its or [0.0] * len(lats), caps))})
+    options = {(2, 1, Position.FIRST): col(1, [1.0], [3]),
+               (0, 2, Position.MIDDLE): col(4, [2.0], [2]),
+               (1, 1, Position.MIDDLE): col(4, [4.0], [1]),
+               (1, 1, Position.LAST): col(1, [1.0, 0.5], [1, 1], [0.0, 1.0])}
+    rate = np.zeros((3, 3))
+    rate[0, 1] = 2.0
+    table = StageTable(6, 3, (IslandSlots("a", 2, 1, (1, 2)), IslandSlots("b", 1, 1, (1,)),
+                              IslandSlots("c", 1, 1, (1,))), options, rate)
+    for name, solve in SOLVERS.items():
+        result = solve(table)
+        assert result.objective == pytest.approx(10.0), name
+        assert [(s.island, s.start, s.end) for s in result.stages] == \
+            [("c", 0, 1), ("a", 1, 5), ("b", 5, 6)], name
+
+
 @pytest.mark.parametrize("path", sorted((INSTANCES / "tables").glob("*.json")),
                          ids=lambda p: p.stem)
 @pytest.mark.parametrize("overlap", [False, True])

@@ -51,35 +51,60 @@ def level_step(j: int, w: np.ndarray, x: np.ndarray, tau: np.ndarray, dmax: np.n
                link: np.ndarray, gu: np.ndarray, ngroups: np.ndarray, units: np.ndarray,
                masks: np.ndarray, nmask: np.ndarray, allowed: np.ndarray, cap: float,
                sum_mode: bool, overlap: bool, new_w: np.ndarray, new_x: np.ndarray,
-               best: np.ndarray) -> None:
+               best: np.ndarray, live: np.ndarray, new_live: np.ndarray) -> None:
     """Place one stage at level ``j`` from every state of ``w``/``x`` into ``new_w``/``new_x``
     (filled with ``inf`` by the caller). Complete plans improve ``best`` = ``[value, k, mask
-    index, group, nodes]`` (strictly smaller values only)."""
+    index, group, nodes]`` (strictly smaller values only). ``live[k, mi, u]`` marks the rows of
+    ``x`` that hold a state (others are all ``inf`` and skipped); the rows written are marked in
+    ``new_live``."""
     big_k = tau.shape[0]
     big_l = tau.shape[4] - 1
+    wl = _held_lengths(w)
+    wany = np.zeros(w.shape[0], dtype=np.bool_)
+    for mask in range(w.shape[0]):
+        for l in range(w.shape[3]):
+            wany[mask] = wany[mask] or wl[mask, l]
     for k in range(big_k):
         for mi in range(nmask[k]):
             mask = masks[k, mi]
             if j == 0:
                 if mask == 0:
                     _from_start(k, mi, tau, dmax, gu, ngroups, units, allowed, cap, sum_mode,
-                                new_x, best)
+                                new_x, best, new_live)
                 continue
-            _from_blocks(j, k, mi, mask, w, tau, dmax, link, gu, ngroups, units, allowed, cap,
-                         sum_mode, overlap, new_x, best, big_l)
+            if wany[mask]:
+                _from_blocks(j, k, mi, mask, w, tau, dmax, link, gu, ngroups, units, allowed,
+                             cap, sum_mode, overlap, new_x, best, big_l, new_live, wl)
             _from_open(j, k, mi, mask, x, tau, dmax, link, gu, ngroups, units, allowed, cap,
-                       sum_mode, overlap, new_x, best, big_l)
-    _close_blocks(new_x, new_w, masks, nmask, ngroups, units)
+                       sum_mode, overlap, new_x, best, big_l, live, new_live)
+    _close_blocks(new_x, new_w, masks, nmask, ngroups, units, new_live)
+
+
+@njit(cache=True)
+def _held_lengths(w: np.ndarray) -> np.ndarray:
+    """``held[mask, l]``: whether some closed-block state of ``mask`` covers ``l`` layers."""
+    held = np.zeros((w.shape[0], w.shape[3]), dtype=np.bool_)
+    for mask in range(w.shape[0]):
+        for k2 in range(w.shape[1]):
+            for g2 in range(w.shape[2]):
+                for l in range(w.shape[3]):
+                    if w[mask, k2, g2, l] != np.inf:
+                        held[mask, l] = True
+    return held
 
 
 @njit(cache=True)
 def _offer(best: np.ndarray, value: float, k: int, mi: int, gi: int, u: int) -> None:
-    if value < best[0]:
+    """Keep the least value; among equal values the least ``(k, mi, gi, u)``, whatever the
+    order of the offers."""
+    if value < best[0] or (value == best[0] and (k, mi, gi, u) < (
+            int(best[1]), int(best[2]), int(best[3]), int(best[4]))):
         best[0], best[1], best[2], best[3], best[4] = value, k, mi, gi, u
 
 
 @njit(cache=True)
-def _from_start(k, mi, tau, dmax, gu, ngroups, units, allowed, cap, sum_mode, new_x, best):
+def _from_start(k, mi, tau, dmax, gu, ngroups, units, allowed, cap, sum_mode, new_x, best,
+                new_live):
     """The pipeline's last stage (holds the LM head; the whole model when it is the only one)."""
     big_l = tau.shape[4] - 1
     for gi in range(ngroups[k]):
@@ -92,6 +117,7 @@ def _from_start(k, mi, tau, dmax, gu, ngroups, units, allowed, cap, sum_mode, ne
                 v = _comb(0.0, t, sum_mode)
                 if v < new_x[k, mi, g, gi, d]:
                     new_x[k, mi, g, gi, d] = v
+                    new_live[k, mi, g] = 1
         t = tau[k, gi, _ONLY, 0, big_l]
         if t <= cap and allowed[1 << k]:
             _offer(best, _comb(0.0, t, sum_mode), k, mi, gi, g)
@@ -99,7 +125,7 @@ def _from_start(k, mi, tau, dmax, gu, ngroups, units, allowed, cap, sum_mode, ne
 
 @njit(cache=True)
 def _place(j, k, mi, gi, g_units, base, c, l, tau, dmax, allowed, mask, cap, sum_mode, overlap,
-           new_x, best, big_l):
+           new_x, best, big_l, new_live):
     """A stage of group ``gi`` and every length in front of a state of value ``base`` at ``l``
     layers, behind it a boundary of ``c`` seconds."""
     top = min(dmax[k, gi, _MIDDLE, j], big_l - 1 - l)
@@ -110,6 +136,7 @@ def _place(j, k, mi, gi, g_units, base, c, l, tau, dmax, allowed, mask, cap, sum
                 _comb(_comb(base, c, sum_mode), t, sum_mode)
             if v < new_x[k, mi, g_units, gi, l + d]:
                 new_x[k, mi, g_units, gi, l + d] = v
+                new_live[k, mi, g_units] = 1
     t = tau[k, gi, _FIRST, j, big_l - l]
     if t <= cap and allowed[mask | (1 << k)]:
         v = _comb(base, max(t, c), sum_mode) if overlap else \
@@ -118,10 +145,47 @@ def _place(j, k, mi, gi, g_units, base, c, l, tau, dmax, allowed, mask, cap, sum
 
 
 @njit(cache=True)
+def _place_after(j, k, mi, gi, g_units, a, l, tau, dmax, allowed, mask, cap, sum_mode, new_x,
+                 best, big_l, new_live):
+    """:func:`_place` without overlap, the state and its boundary already combined into ``a``
+    (the least over the states behind: combining with ``τ`` is monotone, so the least is kept
+    bit for bit)."""
+    top = min(dmax[k, gi, _MIDDLE, j], big_l - 1 - l)
+    for d in range(1, top + 1):
+        t = tau[k, gi, _MIDDLE, j, d]
+        if t <= cap:
+            v = _comb(a, t, sum_mode)
+            if v < new_x[k, mi, g_units, gi, l + d]:
+                new_x[k, mi, g_units, gi, l + d] = v
+                new_live[k, mi, g_units] = 1
+    t = tau[k, gi, _FIRST, j, big_l - l]
+    if t <= cap and allowed[mask | (1 << k)]:
+        _offer(best, _comb(a, t, sum_mode), k, mi, gi, g_units)
+
+
+@njit(cache=True)
 def _from_blocks(j, k, mi, mask, w, tau, dmax, link, gu, ngroups, units, allowed, cap, sum_mode,
-                 overlap, new_x, best, big_l):
+                 overlap, new_x, best, big_l, new_live, wl):
     """A new block of island ``k`` in front of a closed block of another island."""
     big_k = tau.shape[0]
+    if not overlap:  # the least state-plus-boundary first, then one sweep over the lengths
+        for l in range(1, big_l):
+            if not wl[mask, l]:
+                continue
+            for gi in range(ngroups[k]):
+                if gu[k, gi] > units[k]:
+                    continue
+                a = np.inf
+                for k2 in range(big_k):
+                    if (mask >> k2) & 1:
+                        for g2 in range(ngroups[k2]):
+                            c = link[k, gi, k2, g2]
+                            if c <= cap and w[mask, k2, g2, l] != np.inf:
+                                a = min(a, _comb(w[mask, k2, g2, l], c, sum_mode))
+                if a != np.inf:
+                    _place_after(j, k, mi, gi, gu[k, gi], a, l, tau, dmax, allowed, mask, cap,
+                                 sum_mode, new_x, best, big_l, new_live)
+        return
     for k2 in range(big_k):
         if not (mask >> k2) & 1:
             continue
@@ -135,14 +199,35 @@ def _from_blocks(j, k, mi, mask, w, tau, dmax, link, gu, ngroups, units, allowed
                     if c > cap or gu[k, gi] > units[k]:
                         continue
                     _place(j, k, mi, gi, gu[k, gi], wv, c, l, tau, dmax, allowed, mask, cap,
-                           sum_mode, overlap, new_x, best, big_l)
+                           sum_mode, overlap, new_x, best, big_l, new_live)
 
 
 @njit(cache=True)
 def _from_open(j, k, mi, mask, x, tau, dmax, link, gu, ngroups, units, allowed, cap, sum_mode,
-               overlap, new_x, best, big_l):
+               overlap, new_x, best, big_l, live, new_live):
     """One more stage in front of island ``k``'s open block."""
     for u in range(1, units[k] + 1):
+        if not live[k, mi, u]:
+            continue
+        if not overlap:  # as in _from_blocks: the least over the group behind first
+            for l in range(1, big_l):
+                held = False
+                for gp in range(ngroups[k]):
+                    held = held or x[k, mi, u, gp, l] != np.inf
+                if not held:
+                    continue
+                for gi in range(ngroups[k]):
+                    if u + gu[k, gi] > units[k]:
+                        continue
+                    a = np.inf
+                    for gp in range(ngroups[k]):
+                        c = link[k, gi, k, gp]
+                        if c <= cap and x[k, mi, u, gp, l] != np.inf:
+                            a = min(a, _comb(x[k, mi, u, gp, l], c, sum_mode))
+                    if a != np.inf:
+                        _place_after(j, k, mi, gi, u + gu[k, gi], a, l, tau, dmax, allowed,
+                                     mask, cap, sum_mode, new_x, best, big_l, new_live)
+            continue
         for gp in range(ngroups[k]):
             for l in range(1, big_l):
                 xv = x[k, mi, u, gp, l]
@@ -154,11 +239,11 @@ def _from_open(j, k, mi, mask, x, tau, dmax, link, gu, ngroups, units, allowed, 
                     if u + g > units[k] or c > cap:
                         continue
                     _place(j, k, mi, gi, u + g, xv, c, l, tau, dmax, allowed, mask, cap,
-                           sum_mode, overlap, new_x, best, big_l)
+                           sum_mode, overlap, new_x, best, big_l, new_live)
 
 
 @njit(cache=True)
-def _close_blocks(new_x, new_w, masks, nmask, ngroups, units):
+def _close_blocks(new_x, new_w, masks, nmask, ngroups, units, new_live):
     """``W[mask ∪ k, k, g, l] = min_u X[k, mi, u, g, l]``: the open blocks, closed."""
     big_k = new_x.shape[0]
     width = new_x.shape[4]
@@ -166,11 +251,37 @@ def _close_blocks(new_x, new_w, masks, nmask, ngroups, units):
         for mi in range(nmask[k]):
             mask2 = masks[k, mi] | (1 << k)
             for u in range(1, units[k] + 1):
+                if not new_live[k, mi, u]:
+                    continue
                 for gi in range(ngroups[k]):
                     for l in range(width):
                         v = new_x[k, mi, u, gi, l]
                         if v < new_w[mask2, k, gi, l]:
                             new_w[mask2, k, gi, l] = v
+
+
+@njit(cache=True)
+def drop_dominated(x: np.ndarray, units: np.ndarray, ngroups: np.ndarray,
+                   nmask: np.ndarray, live: np.ndarray) -> None:
+    """Set to ``inf`` every open-block state ``X[k, mi, u, g, l]`` whose value is strictly above
+    that of the same state with fewer nodes used: whatever completes the one with more nodes
+    completes the other at the same cost (same front group, level and layers; budgets and the
+    use-all rule look at islands, not nodes). Provably safe; equal values are kept for the tie
+    rule. Only the rows ``live`` marks are read."""
+    best = np.empty(x.shape[3:])
+    for k in range(x.shape[0]):
+        for mi in range(nmask[k]):
+            best[:] = np.inf
+            for u in range(1, units[k] + 1):
+                if not live[k, mi, u]:
+                    continue
+                for gi in range(ngroups[k]):
+                    for l in range(x.shape[4]):
+                        v = x[k, mi, u, gi, l]
+                        if v > best[gi, l]:
+                            x[k, mi, u, gi, l] = np.inf
+                        elif v < best[gi, l]:
+                            best[gi, l] = v
 
 
 @njit(cache=True)
@@ -191,6 +302,38 @@ def prune(arr: np.ndarray, rest: np.ndarray, budget: float, scale: float = 0.0,
                 else:
                     alive = 1
     return alive | removed
+
+
+@njit(cache=True)
+def prune_rows(x: np.ndarray, live: np.ndarray, rest: np.ndarray, budget: float,
+               scale: float = 0.0, t_bound: float = np.inf) -> int:
+    """:func:`prune` over the rows of ``x`` that ``live[k, mi, u]`` marks (the others hold no
+    state); a row left without a state is unmarked."""
+    alive, removed = 0, 0
+    for k in range(x.shape[0]):
+        for mi in range(x.shape[1]):
+            for u in range(x.shape[2]):
+                if not live[k, mi, u]:
+                    continue
+                flags = prune(x[k, mi, u], rest, budget, scale, t_bound)
+                removed |= flags & 2
+                if flags & 1:
+                    alive = 1
+                else:
+                    live[k, mi, u] = 0
+    return alive | removed
+
+
+@njit(cache=True)
+def reset_rows(x: np.ndarray, live: np.ndarray) -> None:
+    """Refill with ``inf`` the rows of ``x`` that ``live`` marks, and unmark them: the array is
+    then all ``inf`` again (rows never marked were never written)."""
+    for k in range(x.shape[0]):
+        for mi in range(x.shape[1]):
+            for u in range(x.shape[2]):
+                if live[k, mi, u]:
+                    x[k, mi, u] = np.inf
+                    live[k, mi, u] = 0
 
 
 @njit(cache=True)

@@ -16,7 +16,6 @@ which bounds the composition's node dimension; the idle remainder is reported wi
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 
 import numpy as np
 
@@ -137,6 +136,9 @@ class GroupCache:
         Slices of one length and position that got different options (rule 1's claim says 0).
     entries : dict[EntryKey, tuple[PartialPlan, ...]]
         The planned entries.
+    signatures : dict[tuple[str, int], tuple]
+        (island, group nodes) → the group's hardware signature (entries of equal hardware are
+        shared), kept here because hashing an island walks all its nodes.
     """
 
     model: ModelSpec
@@ -147,10 +149,17 @@ class GroupCache:
     calls: int = 0
     mismatches: int = 0
     entries: dict[EntryKey, tuple[PartialPlan, ...]] = field(default_factory=dict)
+    signatures: dict[tuple[str, int], tuple] = field(default_factory=dict)
+
+    def _sig(self, island: str, nodes: int) -> tuple:
+        got = self.signatures.get((island, nodes))
+        if got is None:
+            got = self.signatures[(island, nodes)] = _signature(self.islands[island], nodes)
+        return got
 
     def fetch(self, island: str, nodes: int, position: Position, lengths: list[int]) -> None:
         """Plan the entries of ``lengths`` not planned yet (one batched call per start layer)."""
-        sig = _signature(self.islands[island], nodes)
+        sig = self._sig(island, nodes)
         todo = [d for d in lengths if EntryKey(sig, nodes, position, d) not in self.entries]
         if not todo:
             return
@@ -176,11 +185,9 @@ class GroupCache:
 
     def get(self, island: str, nodes: int, position: Position, length: int):
         """The options of one planned entry."""
-        return self.entries[EntryKey(_signature(self.islands[island], nodes), nodes, position,
-                                     length)]
+        return self.entries[EntryKey(self._sig(island, nodes), nodes, position, length)]
 
 
-@lru_cache(maxsize=4096)
 def _signature(island: Island, nodes: int) -> tuple:
     group = group_island(island, nodes)
     return group.signature + (group.pcie_gbs,)

@@ -12,7 +12,8 @@ import numpy as np
 
 from solver.cost.frameworks import profile, zero_choices
 from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, ModelSlice
-from solver.spec.domain import Constraints, FeaturePreset, Framework, Island, ModelSpec, Recompute
+from solver.spec.domain import (Constraints, FeaturePreset, Framework, Island, ModelSpec, Recompute,
+                                Schedule)
 
 if TYPE_CHECKING:  # the context type only annotates; parallelizer imports this module
     from solver.cost.parallelizer import PlanContext
@@ -87,6 +88,16 @@ def _tp_options(model: ModelSpec, gpus: int) -> list[int]:
             and (model.kv_heads % t == 0 or t % model.kv_heads == 0)]
 
 
+def _interleavable(slc: ModelSlice, ctx: PlanContext, pp: int) -> bool:
+    """Whether Megatron-LM runs ``pp`` stages with ``ctx.virtual_stages`` chunks each (always
+    for plain 1F1B): ``pp >= 2``, every chunk the same number of layers (``layers % (pp v)
+    = 0``) and whole rounds of micro-batches (``n_micro % pp = 0``)."""
+    v = ctx.virtual_stages
+    if ctx.schedule is not Schedule.INTERLEAVED or v == 1:
+        return True
+    return pp >= 2 and slc.layers % (pp * v) == 0 and ctx.n_micro % pp == 0
+
+
 def _layouts(slc: ModelSlice, island: Island, ctx: PlanContext, feats: FeatureSet
              ) -> list[tuple[int, int, int, int, int]]:
     """All consistent ``(tp, cp, pp, dp, ep)`` for the island and context."""
@@ -100,7 +111,7 @@ def _layouts(slc: ModelSlice, island: Island, ctx: PlanContext, feats: FeatureSe
         rest = gpus // (tp * cp)
         for pp in range(1, min(ctx.max_pp, slc.layers, rest) + 1):
             dp = rest // pp
-            if rest % pp or ctx.micro_batch % dp:
+            if rest % pp or ctx.micro_batch % dp or not _interleavable(slc, ctx, pp):
                 continue
             eps = [e for e in range(1, model.experts + 1)
                    if model.experts % e == 0 and (dp * cp) % e == 0] if feats.ep and model.is_moe else [1]

@@ -141,3 +141,18 @@ def test_plan_many_equals_plan_per_length(emb, head):
         single = par.plan(ModelSlice(model, n, emb, head), island, ctx)
         assert [(p.config, p.latency_s, p.memory_gb) for p in batch] == \
             [(p.config, p.latency_s, p.memory_gb) for p in single]
+
+
+def test_interleaved_layouts_are_the_ones_megatron_runs(island):
+    # Llama 3 70B (80 layers), v = 5 chunks of 16 layers, n_micro = 12 on 32 H100: Megatron
+    # interleaves pp stages only when pp >= 2, 80 % (5 pp) == 0 and 12 % pp == 0, i.e.
+    # pp in {2, 4}; pp = 1, 8 and 16 (16 layers per chunk allow them) are not runnable.
+    ctx = PlanContext(seq_len=4096, micro_batch=32, n_micro=12, max_pp=16,
+                      schedule=Schedule.INTERLEAVED, virtual_stages=5)
+    plans = AnalyticParallelizer(FeaturePreset.FULL).plan(ModelSlice.whole(LLAMA3_70B), island,
+                                                          ctx)
+    assert plans and {p.config.pp for p in plans} <= {2, 4}
+    plain = AnalyticParallelizer(FeaturePreset.FULL).plan(
+        ModelSlice.whole(LLAMA3_70B), island,
+        PlanContext(seq_len=4096, micro_batch=32, n_micro=12, max_pp=16))
+    assert {p.config.pp for p in plain} - {2, 4}  # 1F1B keeps the other depths

@@ -49,6 +49,7 @@ __all__ = ["ReplicaOptions", "share_unit", "partitions", "partition_bound", "sha
            "best_shares", "plan_replicas"]
 
 Partition = tuple[tuple[Island, ...], ...]
+PROPORTIONAL_TRIES = 4  # partitions tried with proportional shares before the exact pass
 
 
 @dataclass(frozen=True)
@@ -338,7 +339,9 @@ def _search(reps: _Replicas, single: Plan, islands: tuple[Island, ...], limit: i
     st.total = len(every)
     parts = sorted((p for p in every if all(holds_model(job, g) for g in p)),
                    key=lambda p: partition_bound(job, p))
-    for part in parts:  # a good incumbent first narrows every window of the exact pass
+    # A good incumbent first narrows every window of the exact pass; the partitions of the
+    # lowest bounds are the likely winners (a heuristic: the exact pass settles every one).
+    for part in parts[:PROPORTIONAL_TRIES]:
         if time.perf_counter() > deadline or partition_bound(job, part) >= st.value:
             break
         _try_proportional(reps, part, unit, st)

@@ -144,16 +144,18 @@ def _rate_floor(kern: _Kernels) -> float:
 
 
 def _evaluate(prep: _Prep, kern: _Kernels, cap: float, budget: float, rate: float,
-              t_bound: float = _INF):
+              t_bound: float = _INF, s_floor: float = 0.0):
     """``(S, bottleneck, stages)`` of the least-sum plan under the caps, or None when no plan's
     sum is within ``budget``.
 
-    Without a budget, passes run under growing trial budgets from the lower bound ``L·rate``
-    (×1.5 each): a pass that finds a plan within its trial budget is exact (every better plan
-    is within it too), and a pass that finds none is cheap, its states pruned early.
+    Passes run under growing trial budgets (×1.5 each) from 1.5 times the larger of two lower
+    bounds on ``S``, ``L·rate`` and ``s_floor`` (the caller's: ``S`` at a larger cap, or a bound
+    on it; ``S`` never rises with the cap), up to ``budget``: a pass that finds a plan within
+    its trial budget is exact (every better plan is within it too), and a pass that finds none
+    is cheap, its states pruned early. Where the trials start changes the work, not the answer.
     """
     vcap = kern.vcap
-    trial = max(rate * prep.table.layers, 1e-12) * 1.5
+    trial = max(rate * prep.table.layers, s_floor, 1e-12) * 1.5
     while True:
         ps = _run_pass(prep, kern, cap, Mode.SUM, min(budget, trial), rate, t_bound)
         if ps.final is not None or trial >= budget or not ps.pruned:
@@ -192,7 +194,7 @@ def _search_caps(prep: _Prep, vcap: float, t_budget: float = _INF):
         mid = a + 1 if a < 0 else (a + b) // 2
         # Plans of interest here have their bottleneck above C_a: T >= (n−1)·C_{a+1} + S.
         found = _evaluate(prep, kern, float(values[mid]), best[0] - (n - 1) * values[a + 1],
-                          rate, best[0])
+                          rate, best[0], s_b)
         if found is None:  # S(C_mid) is over budget, and so is S at every smaller cap
             stack.append((mid, _INF, b, s_b))
             continue

@@ -27,11 +27,17 @@ placed behind, which fixes the stage's in-flight count ``min(j + 1, n)`` and its
 
 Placing a stage of ``g'`` nodes and ``d`` layers in front moves ``X[u, g] → X[u + g', g']``
 through the link between the two groups; a closed block (``W``) opens the next island's block
-through the link between the islands. The link is minimized over the previous group *before*
-the slice-length convolution, so the previous group costs memory, not time. Complexity per
-pass: ``O(J · Σ_k 2^(K−1) · U_k · L · Σ_g D_g)`` elementwise operations (``J`` the depth bound,
-``U_k`` island ``k``'s nodes, ``D_g`` the lengths of a ``g``-node stage under the cap) and
-``O(J · Σ_k 2^(K−1) · U_k · G_k · L)`` memory for the stored levels, used to backtrack the plan.
+through the link between the islands. Without overlap the link is minimized over the previous
+group (and island) *before* the slice-length sweep, so the previous group costs memory, not
+time; with overlap the stage costs ``max(τ, c)``, which depends on ``τ``, and each previous
+group is swept. Only rows ``(k, mask, u)`` that hold a state are visited (the kernel marks the
+rows it writes), and a state is dropped when the same state with fewer nodes used has a
+strictly smaller value (provably safe: every completion of the one is a completion of the
+other at the same cost). Complexity per pass, ``R`` the rows holding a state over all levels
+(at most ``J · Σ_k 2^(K−1) · U_k``), ``G`` the groups per island, ``D`` the longest slice under
+the cap: ``O(R · L · G · (G + D))`` without overlap, ``O(R · L · G² · D)`` with it, plus
+``O(J · 2^K · K · G · L)`` for the closed blocks; memory ``O(J · Σ_k 2^(K−1) · U_k · G · L)``
+for the stored levels, used to backtrack the plan.
 
 Ties (deterministic): among plans of equal ``T`` the search keeps the first found with the
 smaller bottleneck; backtracking prefers, at every step, the lowest island index, the smallest

@@ -1,0 +1,50 @@
+"""The node-group DP's compiled helpers on arrays small enough to check by hand.
+
+Layout of an open-block level: ``X[k, mi, u, g, l]`` (island, mask index, node granules used,
+front group, layers covered) and its row marks ``live[k, mi, u]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from solver.compose.group_kernel import drop_dominated, prune_rows, reset_rows
+
+INF = np.inf
+
+
+def one_row_level(values_by_u: dict[int, list[float]], units: int = 3) -> tuple:
+    """One island, one mask, one group, 3 lengths: ``X[0, 0, u, 0, :] = values_by_u[u]``."""
+    x = np.full((1, 1, units + 1, 1, 3), INF)
+    live = np.zeros((1, 1, units + 1), dtype=np.uint8)
+    for u, row in values_by_u.items():
+        x[0, 0, u, 0] = row
+        live[0, 0, u] = 1
+    return x, live
+
+
+def test_a_state_using_more_nodes_for_more_time_is_dropped():
+    # l = 0: 3 (1 node), 5 (2 nodes), 2 (3 nodes): 5 is beaten by 3 with fewer nodes; 2 stays.
+    # l = 1: 4, 4, 6: the equal 4 stays (the tie rule sees both), 6 goes. l = 2: inf, 1, 1.
+    x, live = one_row_level({1: [3, 4, INF], 2: [5, 4, 1], 3: [2, 6, 1]})
+    drop_dominated(x, np.array([3]), np.array([1]), np.array([1]), live)
+    assert x[0, 0, 1:, 0].tolist() == [[3, 4, INF], [INF, 4, 1], [2, INF, 1]]
+
+
+def test_rows_not_marked_live_are_not_read():
+    # The 2-node row is not marked: it cannot dominate the 3-node one (nor be dropped).
+    x, live = one_row_level({2: [1, 1, 1], 3: [5, 5, 5]})
+    live[0, 0, 2] = 0
+    drop_dominated(x, np.array([3]), np.array([1]), np.array([1]), live)
+    assert x[0, 0, 3, 0].tolist() == [5, 5, 5] and x[0, 0, 2, 0].tolist() == [1, 1, 1]
+
+
+def test_prune_unmarks_emptied_rows_and_reset_restores_inf():
+    # Budget 4 with nothing left to cover (rest = 0): the 1-node row keeps 3, the 2-node row
+    # loses all its states and is unmarked; flags: a state is left (1) and some were cut (2).
+    x, live = one_row_level({1: [3, 9, INF], 2: [5, 6, 7]})
+    flags = prune_rows(x, live, np.zeros(3), 4.0)
+    assert flags == 3 and live[0, 0].tolist() == [0, 1, 0, 0]
+    assert x[0, 0, 1, 0].tolist() == [3, INF, INF] and np.isinf(x[0, 0, 2]).all()
+    reset_rows(x, live)
+    assert np.isinf(x).all() and not live.any()

@@ -219,6 +219,20 @@ def test_dp_with_an_incumbent_equals_brute_force(case, overlap, slack):
     assert _agree(found, brute)
 
 
+@settings(max_examples=1500, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(stage_tables(), st.booleans(), st.floats(1.0, 1.5))
+def test_dp_equals_brute_force_on_many_tables(case, overlap, slack):
+    """The two tests above on 1,500 draws (about 20 s): enough to reach the links miscount of
+    2026-12-01 (checked: it fails on that code), which 120 or 400 draws do not."""
+    table, restr = case
+    brute = compose_groups_brute(table, restr, overlap)
+    assert _agree(compose_groups_dp(table, restr, overlap), brute)
+    if brute.objective is not None:
+        found = compose_groups_dp(table, restr, overlap, incumbent=brute.objective * slack + 1e-9)
+        assert _agree(found, brute)
+
+
 def test_objective_rejects_an_option_below_its_in_flight_count():
     rows = {(1, Position.FIRST): {1: [(1.0, 0.0, 1)]}, (1, Position.LAST): {1: [(1.0, 0.0, 1)]}}
     table = one_island(2, 2, rows, n=2)

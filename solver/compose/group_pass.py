@@ -220,6 +220,32 @@ class _Pass:
     pruned: bool = False  # some state was dropped by the budget (not by a found plan)
 
 
+def _rest_bound(prep: _Prep, kern: _Kernels, dmax: np.ndarray, cap: float, mode: Mode,
+                rate: float, limit: float) -> np.ndarray:
+    """``rest[l]``: a lower bound on what covering the ``L − l`` layers still open adds to a
+    state's value (0 for the bottleneck pass; ``rate`` per layer, and the cover bound when a
+    finite ``limit`` will use it)."""
+    big_l = prep.table.layers
+    if mode is not Mode.SUM:
+        return np.zeros(big_l + 1)
+    rest = (big_l - np.arange(big_l + 1)) * rate
+    if np.isfinite(limit):
+        rest = np.maximum(rest, _cover(prep, kern, dmax, cap)[::-1])
+    return rest
+
+
+def _take(ps: "_Pass", prep: _Prep, j: int, best: np.ndarray, budget: float) -> None:
+    """Record level ``j``'s best complete plan in ``ps`` if it improves it within ``budget``;
+    complete plans of a depth the user does not allow are not plans."""
+    if not prep.ends[j]:
+        return
+    if best[0] < ps.value and best[0] <= budget:
+        ps.value = float(best[0])
+        ps.final = (j, int(best[1]), int(best[2]), int(best[3]), int(best[4]))
+    elif best[0] > budget and np.isfinite(best[0]):
+        ps.pruned = True  # a complete plan over the budget was dropped
+
+
 def _run_pass(prep: _Prep, kern: _Kernels, cap: float, mode: Mode, budget: float = _INF,
               rate: float = 0.0, t_bound: float = _INF) -> _Pass:
     """One DP pass over the levels (see the module docstring).
@@ -243,11 +269,7 @@ def _run_pass(prep: _Prep, kern: _Kernels, cap: float, mode: Mode, budget: float
     ps = _Pass(kern, cap, mode, [w], [x], _INF, None)
     sum_mode = mode is Mode.SUM
     dmax = _lengths_under(kern, cap)
-    rest = (big_l - np.arange(big_l + 1)) * rate
-    if sum_mode and (np.isfinite(budget) or np.isfinite(t_bound)):
-        rest = np.maximum(rest, _cover(prep, kern, dmax, cap)[::-1])
-    elif not sum_mode:
-        rest = np.zeros(big_l + 1)
+    rest = _rest_bound(prep, kern, dmax, cap, mode, rate, min(budget, t_bound))
     for j in range(prep.depth):
         new_w = prep.level_arrays(2 * j + 2, w_shape)
         new_x, new_live = prep.open_arrays(2 * j + 3, x_shape)
@@ -256,12 +278,7 @@ def _run_pass(prep: _Prep, kern: _Kernels, cap: float, mode: Mode, budget: float
                    prep.masks, prep.nmask, prep.allowed, cap, sum_mode, prep.overlap, new_w,
                    new_x, best, live, new_live)
         drop_dominated(new_x, prep.units, prep.ngroups, prep.nmask, new_live)
-        taken = prep.ends[j]  # complete plans of a depth the user does not allow are not plans
-        if taken and best[0] < ps.value and best[0] <= budget:
-            ps.value = float(best[0])
-            ps.final = (j, int(best[1]), int(best[2]), int(best[3]), int(best[4]))
-        elif taken and best[0] > budget and np.isfinite(best[0]):
-            ps.pruned = True  # a complete plan over the budget was dropped
+        _take(ps, prep, j, best, budget)
         # A complete plan bounds the pass too: a state that cannot beat it strictly is dropped
         # (values only grow along a path, by at least ``rate`` per layer).
         bound = min(budget, ps.value)

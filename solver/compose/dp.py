@@ -55,9 +55,9 @@ from solver.compose.table import (
 )
 
 __all__ = ["TIE_CANONICAL", "CompositionResult", "SolveStatus", "StageAssignment",
-           "TooLargeError", "Position", "compose_dp", "compose_brute", "compose_paper_recurrence", "objective_of",
-           "make_stages", "plan_problems", "explain_infeasible", "canonical_result",
-           "MAX_DP_ISLANDS"]
+           "TooLargeError", "Position", "compose_dp", "compose_brute", "compose_paper_recurrence",
+           "objective_of", "make_stages", "plan_problems", "explain_infeasible",
+           "canonical_result", "MAX_DP_ISLANDS"]
 
 MAX_DP_ISLANDS = 12
 MAX_DP_WORK = 4e9  # elementwise operations of one pass, K·2^(K-1)·L² (×K with overlap)

@@ -124,24 +124,22 @@ def _from_start(k, mi, tau, dmax, gu, ngroups, units, allowed, cap, sum_mode, ne
 
 
 @njit(cache=True)
-def _place(j, k, mi, gi, g_units, base, c, l, tau, dmax, allowed, mask, cap, sum_mode, overlap,
-           new_x, best, big_l, new_live):
-    """A stage of group ``gi`` and every length in front of a state of value ``base`` at ``l``
-    layers, behind it a boundary of ``c`` seconds."""
+def _place(j, k, mi, gi, g_units, base, c, l, tau, dmax, allowed, mask, cap, sum_mode, new_x,
+           best, big_l, new_live):
+    """With overlap: a stage of group ``gi`` and every length in front of a state of value
+    ``base`` at ``l`` layers, behind it a boundary of ``c`` seconds (the stage costs
+    ``max(τ, c)``; without overlap :func:`_place_after` does this)."""
     top = min(dmax[k, gi, _MIDDLE, j], big_l - 1 - l)
     for d in range(1, top + 1):
         t = tau[k, gi, _MIDDLE, j, d]
         if t <= cap:
-            v = _comb(base, max(t, c), sum_mode) if overlap else \
-                _comb(_comb(base, c, sum_mode), t, sum_mode)
+            v = _comb(base, max(t, c), sum_mode)
             if v < new_x[k, mi, g_units, gi, l + d]:
                 new_x[k, mi, g_units, gi, l + d] = v
                 new_live[k, mi, g_units] = 1
     t = tau[k, gi, _FIRST, j, big_l - l]
     if t <= cap and allowed[mask | (1 << k)]:
-        v = _comb(base, max(t, c), sum_mode) if overlap else \
-            _comb(_comb(base, c, sum_mode), t, sum_mode)
-        _offer(best, v, k, mi, gi, g_units)
+        _offer(best, _comb(base, max(t, c), sum_mode), k, mi, gi, g_units)
 
 
 @njit(cache=True)
@@ -199,7 +197,7 @@ def _from_blocks(j, k, mi, mask, w, tau, dmax, link, gu, ngroups, units, allowed
                     if c > cap or gu[k, gi] > units[k]:
                         continue
                     _place(j, k, mi, gi, gu[k, gi], wv, c, l, tau, dmax, allowed, mask, cap,
-                           sum_mode, overlap, new_x, best, big_l, new_live)
+                           sum_mode, new_x, best, big_l, new_live)
 
 
 @njit(cache=True)
@@ -239,7 +237,7 @@ def _from_open(j, k, mi, mask, x, tau, dmax, link, gu, ngroups, units, allowed, 
                     if u + g > units[k] or c > cap:
                         continue
                     _place(j, k, mi, gi, u + g, xv, c, l, tau, dmax, allowed, mask, cap,
-                           sum_mode, overlap, new_x, best, big_l, new_live)
+                           sum_mode, new_x, best, big_l, new_live)
 
 
 @njit(cache=True)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from solver.cost.frameworks import profile, zero_choices
+from solver.cost.frameworks import megatron_interleaves, profile, zero_choices
 from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, ModelSlice
 from solver.spec.domain import (Constraints, FeaturePreset, Framework, Island, ModelSpec, Recompute,
                                 Schedule)
@@ -89,13 +89,12 @@ def _tp_options(model: ModelSpec, gpus: int) -> list[int]:
 
 
 def _interleavable(slc: ModelSlice, ctx: PlanContext, pp: int) -> bool:
-    """Whether Megatron-LM runs ``pp`` stages with ``ctx.virtual_stages`` chunks each (always
-    for plain 1F1B): ``pp >= 2``, every chunk the same number of layers (``layers % (pp v)
-    = 0``) and whole rounds of micro-batches (``n_micro % pp = 0``)."""
+    """Whether the runtime runs ``pp`` internal stages under the context's schedule: always for
+    plain 1F1B, by Megatron's rule (:func:`megatron_interleaves`) with virtual stages."""
     v = ctx.virtual_stages
     if ctx.schedule is not Schedule.INTERLEAVED or v == 1:
         return True
-    return pp >= 2 and slc.layers % (pp * v) == 0 and ctx.n_micro % pp == 0
+    return megatron_interleaves(slc.layers, pp, v, ctx.n_micro)
 
 
 def _layouts(slc: ModelSlice, island: Island, ctx: PlanContext, feats: FeatureSet

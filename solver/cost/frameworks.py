@@ -234,6 +234,13 @@ def violations(configs, prof: FrameworkProfile, pipelined: bool) -> list[str]:
     return out
 
 
+def megatron_interleaves(layers: int, pp: int, v: int, n_micro: int) -> bool:
+    """Whether Megatron-LM runs ``pp`` stages of ``v`` model chunks each: ``pp >= 2``, every
+    chunk the same number of layers (``layers % (pp v) = 0``) and whole rounds of micro-batches
+    (``n_micro % pp = 0``)."""
+    return pp >= 2 and layers % (pp * v) == 0 and n_micro % pp == 0
+
+
 def interleaving_allowed(prof: FrameworkProfile, meshes: int) -> bool:
     """Whether a plan of ``meshes`` meshes may use virtual pipeline stages under ``prof``.
 

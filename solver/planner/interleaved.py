@@ -20,7 +20,7 @@ the per-iteration terms.
 from __future__ import annotations
 
 from solver.compose.table import Position
-from solver.cost.frameworks import interleaving_allowed, profile
+from solver.cost.frameworks import interleaving_allowed, megatron_interleaves, profile
 from solver.cost.parallelizer import Parallelizer, PartialPlan, PlanContext
 from solver.cost.stage import ModelSlice
 from solver.cost.stage_costs import model_flops_per_token, substage_layers
@@ -75,7 +75,7 @@ def _best_of(plans: list[PartialPlan], job: JobSpec, n: int, v: int
         pp = p.config.pp
         if not job.constraints.allows_depth(pp):
             continue
-        if v > 1 and (pp < 2 or job.model.layers % (pp * v) or n % pp):
+        if v > 1 and not megatron_interleaves(job.model.layers, pp, v, n):
             continue
         if v == 1 and len(set(substage_layers(job.model.layers, pp)[1:-1])) > 1:
             continue

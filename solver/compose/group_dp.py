@@ -12,8 +12,10 @@ How (exact). The per-iteration term is handled by a descending sweep over an ite
 alone reaches the best total). For a fixed ``V`` the pipeline time ``(n − 1)·M + S`` is handled
 by the bottleneck cap ``C`` of :mod:`solver.compose.dp`: one pass gives ``S(C)``, the least sum
 over plans whose every stage and link is ``<= C``; ``S`` never increases with ``C``, so a
-branch-and-bound over the sorted caps, started at the least achievable bottleneck ``M*`` (one
-min-max pass) and pruned with a lower bound on ``S``, finds the optimum.
+branch-and-bound over the sorted caps above a lower bound on the bottleneck, bisecting each
+interval at its middle value and pruned with a lower bound on ``S``, finds the optimum. Every
+plan found is kept: it is a plan under any larger caps too, so its sum is where a later pass's
+first trial budget can start.
 
 One pass walks the pipeline from its end, one stage per level ``j`` (``j`` = stages already
 placed behind, which fixes the stage's in-flight count ``min(j + 1, n)`` and its position:
@@ -30,8 +32,8 @@ through the link between the two groups; a closed block (``W``) opens the next i
 through the link between the islands. Without overlap the link is minimized over the previous
 group (and island) *before* the slice-length sweep, so the previous group costs memory, not
 time; with overlap the stage costs ``max(τ, c)``, which depends on ``τ``, and each previous
-group is swept. Only rows ``(k, mask, u)`` that hold a state are visited (the kernel marks the
-rows it writes), and a state is dropped when the same state with fewer nodes used has a
+group is swept. Only rows ``X[k, mask, u]`` and ``W[mask, k, g]`` that hold a state are
+visited, pruned and reset (the kernel marks the rows it writes), and a state is dropped when the same state with fewer nodes used has a
 strictly smaller value (provably safe: every completion of the one is a completion of the
 other at the same cost). Complexity per pass, ``R`` the rows holding a state over all levels
 (at most ``J · Σ_k 2^(K−1) · U_k``), ``G`` the groups per island, ``D`` the longest slice under
@@ -150,7 +152,7 @@ def _rate_floor(kern: _Kernels) -> float:
 
 
 def _evaluate(prep: _Prep, kern: _Kernels, cap: float, budget: float, rate: float,
-              t_bound: float = _INF, s_floor: float = 0.0):
+              t_bound: float = _INF, s_floor: float = 0.0, s_known: float = _INF):
     """``(S, bottleneck, stages)`` of the least-sum plan under the caps, or None when no plan's
     sum is within ``budget``.
 
@@ -158,10 +160,12 @@ def _evaluate(prep: _Prep, kern: _Kernels, cap: float, budget: float, rate: floa
     bounds on ``S``, ``L·rate`` and ``s_floor`` (the caller's: ``S`` at a larger cap, or a bound
     on it; ``S`` never rises with the cap), up to ``budget``: a pass that finds a plan within
     its trial budget is exact (every better plan is within it too), and a pass that finds none
-    is cheap, its states pruned early. Where the trials start changes the work, not the answer.
+    is cheap, its states pruned early. ``s_known``, the sum of a plan known to be one under
+    these caps, caps the first trial (it then succeeds unless the incumbent cuts that plan).
+    Where the trials start changes the work, not the answer.
     """
     vcap = kern.vcap
-    trial = max(rate * prep.table.layers, s_floor, 1e-12) * 1.5
+    trial = min(max(rate * prep.table.layers, s_floor, 1e-12) * 1.5, s_known * (1 + 1e-9))
     while True:
         ps = _run_pass(prep, kern, cap, Mode.SUM, min(budget, trial), rate, t_bound)
         if ps.final is not None or trial >= budget or not ps.pruned:
@@ -173,14 +177,31 @@ def _evaluate(prep: _Prep, kern: _Kernels, cap: float, budget: float, rate: floa
     return ps.value, _bottleneck(prep.table, stages, prep.overlap), stages
 
 
-def _search_caps(prep: _Prep, vcap: float, t_budget: float = _INF):
+def _known_sum(known: list, cap: float, vcap: float) -> float:
+    """The least sum of the plans in ``known`` (``(bottleneck, largest per-iteration time,
+    sum)`` of plans found so far) that are plans under ``cap`` and ``vcap`` too (``inf``: none):
+    an upper bound on ``S`` there, where a pass's first trial budget can start."""
+    return min((s for m, v, s in known if m <= cap and v <= vcap), default=_INF)
+
+
+def _middle(values: np.ndarray, a: int, b: int) -> int:
+    """The index in ``(a, b)`` of the first value at or above the middle of the interval's."""
+    at = int(np.searchsorted(values, 0.5 * (values[a + 1] + values[b - 1])))
+    return min(max(at, a + 1), b - 1)
+
+
+def _search_caps(prep: _Prep, vcap: float, t_budget: float = _INF, known: list | None = None):
     """Best ``(T_pipe, stages)`` with every option's per-iteration time ``<= vcap`` and
     ``T_pipe < t_budget`` (None if there is none): branch-and-bound over the bottleneck cap.
 
     Intervals of cap indices ``(a, b)`` carry ``S(C_a)`` (``inf`` when it exceeded the budget)
-    and a lower bound on ``S(C_b)``; caps inside have ``T >= (n−1)·C_{a+1} + S(C_b)``.
+    and a lower bound on ``S(C_b)``; caps inside have ``T >= (n−1)·C_{a+1} + S(C_b)``. An
+    interval is split at its middle value (:func:`_middle`). ``known`` collects
+    ``(bottleneck, largest per-iteration time, S)`` of every plan found, shared with the
+    caller's other searches (:func:`_known_sum`).
     """
     n = prep.table.n_micro
+    known = [] if known is None else known
     kern = _kernels(prep, vcap)
     rate = _rate_floor(kern)
     values = _cap_values(prep, kern, 0.0)
@@ -197,14 +218,15 @@ def _search_caps(prep: _Prep, vcap: float, t_budget: float = _INF):
         a, s_a, b, s_b = stack.pop()
         if b - a <= 1 or s_a <= s_b or (n - 1) * values[a + 1] + s_b >= best[0]:
             continue
-        mid = a + 1 if a < 0 else (a + b) // 2
+        mid = _middle(values, a, b)
         # Plans of interest here have their bottleneck above C_a: T >= (n−1)·C_{a+1} + S.
         found = _evaluate(prep, kern, float(values[mid]), best[0] - (n - 1) * values[a + 1],
-                          rate, best[0], s_b)
+                          rate, best[0], s_b, _known_sum(known, float(values[mid]), vcap))
         if found is None:  # S(C_mid) is over budget, and so is S at every smaller cap
             stack.append((mid, _INF, b, s_b))
             continue
         s_m, m_m, plan_m = found
+        known.append((m_m, max(st.iteration for st in plan_m), s_m))
         if ((n - 1) * m_m + s_m, m_m) < (best[0], best[1]):
             best = [(n - 1) * m_m + s_m, m_m, plan_m]
         jm = int(np.searchsorted(values, m_m))
@@ -225,7 +247,8 @@ def _search_iteration(prep: _Prep, values: np.ndarray, incumbent: float = _INF):
     ``pipe < best − V_{a+1}``. A plan found at ``V_mid`` with largest per-iteration time ``v``
     makes ``pipe`` flat on ``[v, V_mid]``. Only plans below ``incumbent`` are sought.
     """
-    top = _search_caps(prep, float(values[-1]), incumbent - float(values[0]))
+    known: list = []  # plans found at any cap, shared by the searches below
+    top = _search_caps(prep, float(values[-1]), incumbent - float(values[0]), known)
     if top is None:
         return None
     pipe, stages = top
@@ -237,7 +260,7 @@ def _search_iteration(prep: _Prep, values: np.ndarray, incumbent: float = _INF):
         if b - a <= 1 or bound >= best[0]:
             continue
         mid = (a + b) // 2
-        found = _search_caps(prep, float(values[mid]), best[0] - float(values[a + 1]))
+        found = _search_caps(prep, float(values[mid]), best[0] - float(values[a + 1]), known)
         if found is None:  # nothing at V_mid beats the best, nor at any smaller cap
             heapq.heappush(heap, (p_b + float(values[mid + 1]), mid, b, p_b))
             continue

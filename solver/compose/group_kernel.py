@@ -51,19 +51,18 @@ def level_step(j: int, w: np.ndarray, x: np.ndarray, tau: np.ndarray, dmax: np.n
                link: np.ndarray, gu: np.ndarray, ngroups: np.ndarray, units: np.ndarray,
                masks: np.ndarray, nmask: np.ndarray, allowed: np.ndarray, cap: float,
                sum_mode: bool, overlap: bool, new_w: np.ndarray, new_x: np.ndarray,
-               best: np.ndarray, live: np.ndarray, new_live: np.ndarray) -> None:
+               best: np.ndarray, live: np.ndarray, new_live: np.ndarray, rows: np.ndarray,
+               new_rows: np.ndarray) -> None:
     """Place one stage at level ``j`` from every state of ``w``/``x`` into ``new_w``/``new_x``
     (filled with ``inf`` by the caller). Complete plans improve ``best`` = ``[value, k, mask
-    index, group, nodes]`` (strictly smaller values only). ``live[k, mi, u]`` marks the rows of
-    ``x`` that hold a state (others are all ``inf`` and skipped); the rows written are marked in
-    ``new_live``."""
+    index, group, nodes]`` (strictly smaller values only). ``live[k, mi, u]`` and
+    ``rows[mask, k2, g2]`` mark the rows of ``x`` and ``w`` that hold a state (others are all
+    ``inf`` and skipped); the rows written are marked in ``new_live`` and ``new_rows``."""
     big_k = tau.shape[0]
     big_l = tau.shape[4] - 1
-    wl = _held_lengths(w)
     wany = np.zeros(w.shape[0], dtype=np.bool_)
     for mask in range(w.shape[0]):
-        for l in range(w.shape[3]):
-            wany[mask] = wany[mask] or wl[mask, l]
+        wany[mask] = rows[mask].any()
     for k in range(big_k):
         for mi in range(nmask[k]):
             mask = masks[k, mi]
@@ -74,23 +73,10 @@ def level_step(j: int, w: np.ndarray, x: np.ndarray, tau: np.ndarray, dmax: np.n
                 continue
             if wany[mask]:
                 _from_blocks(j, k, mi, mask, w, tau, dmax, link, gu, ngroups, units, allowed,
-                             cap, sum_mode, overlap, new_x, best, big_l, new_live, wl)
+                             cap, sum_mode, overlap, new_x, best, big_l, new_live, rows)
             _from_open(j, k, mi, mask, x, tau, dmax, link, gu, ngroups, units, allowed, cap,
                        sum_mode, overlap, new_x, best, big_l, live, new_live)
-    _close_blocks(new_x, new_w, masks, nmask, ngroups, units, new_live)
-
-
-@njit(cache=True)
-def _held_lengths(w: np.ndarray) -> np.ndarray:
-    """``held[mask, l]``: whether some closed-block state of ``mask`` covers ``l`` layers."""
-    held = np.zeros((w.shape[0], w.shape[3]), dtype=np.bool_)
-    for mask in range(w.shape[0]):
-        for k2 in range(w.shape[1]):
-            for g2 in range(w.shape[2]):
-                for l in range(w.shape[3]):
-                    if w[mask, k2, g2, l] != np.inf:
-                        held[mask, l] = True
-    return held
+    _close_blocks(new_x, new_w, masks, nmask, ngroups, units, new_live, new_rows)
 
 
 @njit(cache=True)
@@ -162,32 +148,46 @@ def _place_after(j, k, mi, gi, g_units, a, l, tau, dmax, allowed, mask, cap, sum
 
 
 @njit(cache=True)
+def _least_via(row: np.ndarray, c: float, sum_mode: bool, a: np.ndarray, big_l: int) -> None:
+    """``a[l] = min(a[l], row[l] ⊕ c)`` over the lengths ``1 .. L − 1`` that hold a state (the
+    least over the states behind and their boundaries, taken in any order: min is exact)."""
+    for l in range(1, big_l):
+        v = row[l]
+        if v != np.inf:
+            t = _comb(v, c, sum_mode)
+            if t < a[l]:
+                a[l] = t
+
+
+@njit(cache=True)
 def _from_blocks(j, k, mi, mask, w, tau, dmax, link, gu, ngroups, units, allowed, cap, sum_mode,
-                 overlap, new_x, best, big_l, new_live, wl):
-    """A new block of island ``k`` in front of a closed block of another island."""
+                 overlap, new_x, best, big_l, new_live, rows):
+    """A new block of island ``k`` in front of a closed block of another island (``rows``:
+    the ``(mask, island, group)`` rows of ``w`` that hold a state)."""
     big_k = tau.shape[0]
     if not overlap:  # the least state-plus-boundary first, then one sweep over the lengths
-        for l in range(1, big_l):
-            if not wl[mask, l]:
+        a = np.empty(big_l + 1)
+        for gi in range(ngroups[k]):
+            if gu[k, gi] > units[k]:
                 continue
-            for gi in range(ngroups[k]):
-                if gu[k, gi] > units[k]:
-                    continue
-                a = np.inf
-                for k2 in range(big_k):
-                    if (mask >> k2) & 1:
-                        for g2 in range(ngroups[k2]):
-                            c = link[k, gi, k2, g2]
-                            if c <= cap and w[mask, k2, g2, l] != np.inf:
-                                a = min(a, _comb(w[mask, k2, g2, l], c, sum_mode))
-                if a != np.inf:
-                    _place_after(j, k, mi, gi, gu[k, gi], a, l, tau, dmax, allowed, mask, cap,
-                                 sum_mode, new_x, best, big_l, new_live)
+            a[:] = np.inf
+            for k2 in range(big_k):
+                if (mask >> k2) & 1:
+                    for g2 in range(ngroups[k2]):
+                        c = link[k, gi, k2, g2]
+                        if c <= cap and rows[mask, k2, g2] != 0:
+                            _least_via(w[mask, k2, g2], c, sum_mode, a, big_l)
+            for l in range(1, big_l):
+                if a[l] != np.inf:
+                    _place_after(j, k, mi, gi, gu[k, gi], a[l], l, tau, dmax, allowed, mask,
+                                 cap, sum_mode, new_x, best, big_l, new_live)
         return
     for k2 in range(big_k):
         if not (mask >> k2) & 1:
             continue
         for g2 in range(ngroups[k2]):
+            if rows[mask, k2, g2] == 0:
+                continue
             for l in range(1, big_l):
                 wv = w[mask, k2, g2, l]
                 if wv == np.inf:
@@ -204,26 +204,22 @@ def _from_blocks(j, k, mi, mask, w, tau, dmax, link, gu, ngroups, units, allowed
 def _from_open(j, k, mi, mask, x, tau, dmax, link, gu, ngroups, units, allowed, cap, sum_mode,
                overlap, new_x, best, big_l, live, new_live):
     """One more stage in front of island ``k``'s open block."""
+    a = np.empty(big_l + 1)
     for u in range(1, units[k] + 1):
         if not live[k, mi, u]:
             continue
         if not overlap:  # as in _from_blocks: the least over the group behind first
-            for l in range(1, big_l):
-                held = False
-                for gp in range(ngroups[k]):
-                    held = held or x[k, mi, u, gp, l] != np.inf
-                if not held:
+            for gi in range(ngroups[k]):
+                if u + gu[k, gi] > units[k]:
                     continue
-                for gi in range(ngroups[k]):
-                    if u + gu[k, gi] > units[k]:
-                        continue
-                    a = np.inf
-                    for gp in range(ngroups[k]):
-                        c = link[k, gi, k, gp]
-                        if c <= cap and x[k, mi, u, gp, l] != np.inf:
-                            a = min(a, _comb(x[k, mi, u, gp, l], c, sum_mode))
-                    if a != np.inf:
-                        _place_after(j, k, mi, gi, u + gu[k, gi], a, l, tau, dmax, allowed,
+                a[:] = np.inf
+                for gp in range(ngroups[k]):
+                    c = link[k, gi, k, gp]
+                    if c <= cap:
+                        _least_via(x[k, mi, u, gp], c, sum_mode, a, big_l)
+                for l in range(1, big_l):
+                    if a[l] != np.inf:
+                        _place_after(j, k, mi, gi, u + gu[k, gi], a[l], l, tau, dmax, allowed,
                                      mask, cap, sum_mode, new_x, best, big_l, new_live)
             continue
         for gp in range(ngroups[k]):
@@ -241,8 +237,9 @@ def _from_open(j, k, mi, mask, x, tau, dmax, link, gu, ngroups, units, allowed, 
 
 
 @njit(cache=True)
-def _close_blocks(new_x, new_w, masks, nmask, ngroups, units, new_live):
-    """``W[mask ∪ k, k, g, l] = min_u X[k, mi, u, g, l]``: the open blocks, closed."""
+def _close_blocks(new_x, new_w, masks, nmask, ngroups, units, new_live, new_rows):
+    """``W[mask ∪ k, k, g, l] = min_u X[k, mi, u, g, l]``: the open blocks, closed (the rows
+    written marked in ``new_rows``)."""
     big_k = new_x.shape[0]
     width = new_x.shape[4]
     for k in range(big_k):
@@ -256,6 +253,7 @@ def _close_blocks(new_x, new_w, masks, nmask, ngroups, units, new_live):
                         v = new_x[k, mi, u, gi, l]
                         if v < new_w[mask2, k, gi, l]:
                             new_w[mask2, k, gi, l] = v
+                            new_rows[mask2, k, gi] = 1
 
 
 @njit(cache=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from solver.compose.group_kernel import (cover_costs, drop_dominated, level_latencies, level_step,
-                                         prune, prune_rows, reset_rows)
+                                         prune_rows, reset_rows)
 from solver.compose.result import TooLargeError
 from solver.compose.stage_table import GroupRestrictions, GroupStage, StageTable, in_flight_counts
 from solver.compose.table import Position, slice_position
@@ -54,19 +54,10 @@ class _Prep:
     # Level arrays reused pass after pass: only the latest pass is ever backtracked (its levels
     # are read before the next pass starts), and warm memory fills far faster than fresh pages.
 
-    def level_arrays(self, i: int, shape: tuple[int, ...]) -> np.ndarray:
-        """The ``i``-th level array of the current pass, of ``shape``, filled with inf."""
-        while len(self.pool) <= i:
-            self.pool.append({})
-        arr = self.pool[i].get(shape)
-        if arr is None:
-            arr = self.pool[i][shape] = np.empty(shape)
-        arr.fill(_INF)
-        return arr
-
-    def open_arrays(self, i: int, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        """The ``i``-th open-block level array of the current pass, all ``inf``, and its row
-        marks ``live[k, mi, u]`` (all 0). A reused array is reset only in the rows its last use
+    def level_arrays(self, i: int, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """The ``i``-th level array of the current pass, all ``inf``, and its row marks over
+        its first three axes (``live[k, mi, u]`` of an open-block array, ``rows[mask, k, g]``
+        of a closed-block one; all 0). A reused array is reset only in the rows its last use
         marked: the other rows were never written."""
         while len(self.pool) <= i:
             self.pool.append({})
@@ -265,18 +256,18 @@ def _run_pass(prep: _Prep, kern: _Kernels, cap: float, mode: Mode, budget: float
     x_shape = (big_k, prep.masks.shape[1], int(prep.units.max()) + 1, big_g, big_l + 1)
     # Level arrays come from the prep's pool: a new pass reuses the previous pass's arrays,
     # which nobody reads any more (only the latest pass is backtracked, before the next runs).
-    w, (x, live) = prep.level_arrays(0, w_shape), prep.open_arrays(1, x_shape)
+    (w, rows), (x, live) = prep.level_arrays(0, w_shape), prep.level_arrays(1, x_shape)
     ps = _Pass(kern, cap, mode, [w], [x], _INF, None)
     sum_mode = mode is Mode.SUM
     dmax = _lengths_under(kern, cap)
     rest = _rest_bound(prep, kern, dmax, cap, mode, rate, min(budget, t_bound))
     for j in range(prep.depth):
-        new_w = prep.level_arrays(2 * j + 2, w_shape)
-        new_x, new_live = prep.open_arrays(2 * j + 3, x_shape)
+        new_w, new_rows = prep.level_arrays(2 * j + 2, w_shape)
+        new_x, new_live = prep.level_arrays(2 * j + 3, x_shape)
         best = np.array([_INF, -1, -1, -1, -1])
         level_step(j, w, x, kern.tau, dmax, prep.link, prep.gu, prep.ngroups, prep.units,
                    prep.masks, prep.nmask, prep.allowed, cap, sum_mode, prep.overlap, new_w,
-                   new_x, best, live, new_live)
+                   new_x, best, live, new_live, rows, new_rows)
         drop_dominated(new_x, prep.units, prep.ngroups, prep.nmask, new_live)
         _take(ps, prep, j, best, budget)
         # A complete plan bounds the pass too: a state that cannot beat it strictly is dropped
@@ -285,10 +276,10 @@ def _run_pass(prep: _Prep, kern: _Kernels, cap: float, mode: Mode, budget: float
         terms = j + 1 if prep.overlap else 2 * j + 1
         scale = (t.n_micro - 1) / terms if sum_mode else 0.0
         flags = prune_rows(new_x, new_live, rest, bound, scale, t_bound) | \
-            prune(new_w, rest, bound, scale, t_bound)
+            prune_rows(new_w, new_rows, rest, bound, scale, t_bound)
         alive = flags & 1
         ps.pruned = ps.pruned or bool(flags & 2 and budget < ps.value)
-        w, x, live = new_w, new_x, new_live
+        w, x, live, rows = new_w, new_x, new_live, new_rows
         ps.w_levels.append(w)
         ps.x_levels.append(x)
         if not alive:

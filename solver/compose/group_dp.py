@@ -48,7 +48,6 @@ group, then the shortest slice.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import replace
 from time import perf_counter
 
@@ -239,38 +238,33 @@ def _search_caps(prep: _Prep, vcap: float, t_budget: float = _INF, known: list |
 def _search_iteration(prep: _Prep, values: np.ndarray, incumbent: float = _INF):
     """Best ``(T, stages)`` over iteration caps: ``T* = min_V pipe(V) + V`` (the optimal plan's
     largest per-iteration time ``v`` has ``pipe(v) + v <= T*``), ``pipe`` non-increasing in
-    ``V``, so a branch-and-bound over the sorted values like the one over bottleneck caps.
+    ``V``: a walk down the sorted values.
 
-    An interval ``(a, b)`` of value indices carries ``pipe(V_b)``; every plan that beats the
-    ends has its largest per-iteration time in ``(V_a, V_b]``, so ``T >= pipe(V_b) + V_{a+1}``
-    (its priority: intervals are expanded lowest bound first) and a solve at ``V_mid`` needs
-    ``pipe < best − V_{a+1}``. A plan found at ``V_mid`` with largest per-iteration time ``v``
-    makes ``pipe`` flat on ``[v, V_mid]``. Only plans below ``incumbent`` are sought.
+    The walk solves at the largest value ``V_b`` not yet settled, for ``pipe < best − V_0``
+    (only then can a plan at or below ``V_b`` beat the best). Nothing found settles every value
+    at or below ``V_b`` (``pipe`` only rises as ``V`` falls). A plan found with pipeline time
+    ``p`` and largest per-iteration time ``v`` settles ``[v, V_b]`` (``pipe`` is ``p`` there,
+    and its best is that plan) and every ``V >= best − p`` (``T >= p + V`` below ``V_b``); the
+    walk goes on below both. Fewer solves than a bisection where ``pipe`` has few steps near
+    the optimum, the case that costs. Only plans below ``incumbent`` are sought.
     """
     known: list = []  # plans found at any cap, shared by the searches below
     top = _search_caps(prep, float(values[-1]), incumbent - float(values[0]), known)
     if top is None:
         return None
     pipe, stages = top
-    top_it = max(s.iteration for s in stages)
-    best = [pipe + top_it, stages] if pipe + top_it < incumbent else [incumbent, None]
-    heap = [(pipe + float(values[0]), -1, int(np.searchsorted(values, top_it)), pipe)]
-    while heap:
-        bound, a, b, p_b = heapq.heappop(heap)
-        if b - a <= 1 or bound >= best[0]:
-            continue
-        mid = (a + b) // 2
-        found = _search_caps(prep, float(values[mid]), best[0] - float(values[a + 1]), known)
-        if found is None:  # nothing at V_mid beats the best, nor at any smaller cap
-            heapq.heappush(heap, (p_b + float(values[mid + 1]), mid, b, p_b))
-            continue
-        p_m, st_m = found
-        it_m = max(s.iteration for s in st_m)
-        if p_m + it_m < best[0]:
-            best = [p_m + it_m, st_m]
-        heapq.heappush(heap, (p_b + float(values[mid + 1]), mid, b, p_b))
-        jm = int(np.searchsorted(values, it_m))
-        heapq.heappush(heap, (p_m + float(values[a + 1]), a, jm, p_m))
+    best = [incumbent, None]
+    while True:
+        it = max(s.iteration for s in stages)
+        if pipe + it < best[0]:
+            best = [pipe + it, stages]
+        b = min(int(np.searchsorted(values, it)), int(np.searchsorted(values, best[0] - pipe)))
+        if b <= 0 or pipe + float(values[0]) >= best[0]:
+            break
+        found = _search_caps(prep, float(values[b - 1]), best[0] - float(values[0]), known)
+        if found is None:  # pipe >= best − V_0 at every V <= V_{b−1}: none of them wins
+            break
+        pipe, stages = found
     return None if best[1] is None else (best[0], best[1])
 
 

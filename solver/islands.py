@@ -245,5 +245,6 @@ def weakest_node(island: Island) -> Node:
 def group_island(island: Island, nodes: int) -> Island:
     """``nodes`` nodes of ``island`` at its effective figures: what a stage group is planned on."""
     node = weakest_node(island)
-    return Island(f"{island.name}", tuple(replace(node, node_id=f"{island.name}-g{i}")
+    return Island(f"{island.name}", tuple(Node(f"{island.name}-g{i}", node.gpu, node.gpus,
+                                               node.nic_gbits, node.perf)
                                           for i in range(nodes)))

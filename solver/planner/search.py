@@ -206,14 +206,14 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
     plain = job.constraints.allows_schedule(Schedule.ONE_F_ONE_B) and \
         not profile(job.planner.framework).uniform_layout
     for n in ns:
-        for r in ([run] if run is not None else views(job, config, n, par)):
-            bar = best[0].total * (1 - REL_TIE) if best is not None else upper
+        for rank, r in enumerate([run] if run is not None else views(job, config, n, par)):
+            bar = _bar(best, (n, rank), upper)
             found = search(r, bar) if plain else None
             calls += r.cache.calls
             tried.append(r)
             proven = proven and (found is None or found.optimal)
             if found is not None and found.result.feasible and found.total < bar:
-                best = (found, r)
+                best = (found, r, (n, rank))
     bar = best[0].total * (1 - REL_TIE) if best is not None else upper
     seen = {r.view: r.islands for r in tried}
     alt, alt_calls = best_interleaved(job, config.features or job.planner.features, ns, par, bar,
@@ -231,10 +231,18 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
     return plan
 
 
+def _bar(best: tuple | None, key: tuple[int, int], upper: float) -> float:
+    """What a run must beat: ``upper`` before any plan; else the best plan's time, which a run
+    of smaller ``(n_micro, view)`` ``key`` may tie (within :data:`REL_TIE`) and any other must
+    beat, so the tie rule (smaller ``n``, then the islands' view) holds in any search order."""
+    if best is None:
+        return upper
+    return best[0].total * (1 + REL_TIE if key < best[2] else 1 - REL_TIE)
+
+
 def search_order(ns: list[int]) -> list[int]:
     """``n_micro`` candidates from the middle (in log scale) outwards: a good plan early lets
-    the DP dismiss the others quickly. The order does not change the result: ties between
-    equal plans are broken by the smaller ``n`` afterwards."""
+    the DP dismiss the others quickly. The order does not change the result (:func:`_bar`)."""
     mid = math.log2(ns[len(ns) // 2]) if ns else 0.0
     return sorted(ns, key=lambda n: (abs(math.log2(n) - mid), n))
 

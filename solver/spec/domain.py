@@ -7,6 +7,7 @@ objects here only derive values (parameter counts, node lists) from already-vali
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from solver.spec.constraints import Constraints
@@ -325,6 +326,9 @@ class Island:
         Island name (``i<k>-<gpu>``).
     nodes : tuple[Node, ...]
         Member nodes.
+
+    The effective figures walk every node, and the planner asks for them many times per
+    plan, so each is computed once per island (the island is immutable).
     """
 
     name: str
@@ -340,57 +344,57 @@ class Island:
         nodes = tuple(Node(f"{name}-{i}", gpu, s, nic, perf) for i, s in enumerate(sizes))
         return cls(name, nodes)
 
-    @property
+    @cached_property
     def gpu(self) -> GPUSpec:
         """The weakest member's GPU type (lowest effective TFLOP/s, then HBM)."""
         return min(self.nodes, key=lambda n: (n.tflops, n.gpu.hbm_gb, n.gpu.name)).gpu
 
-    @property
+    @cached_property
     def gpus(self) -> int:
         """GPU count."""
         return sum(n.gpus for n in self.nodes)
 
-    @property
+    @cached_property
     def gpus_per_node(self) -> int:
         """Smallest node size: a TP group must fit in every node."""
         return min(n.gpus for n in self.nodes)
 
-    @property
+    @cached_property
     def tflops_per_gpu(self) -> float:
         """Effective TFLOP/s per GPU: the minimum of datasheet × perf over members."""
         return min(n.tflops for n in self.nodes)
 
-    @property
+    @cached_property
     def hbm_gb(self) -> float:
         """Effective HBM per GPU: the minimum over members."""
         return min(n.gpu.hbm_gb for n in self.nodes)
 
-    @property
+    @cached_property
     def hbm_bw_gbs(self) -> float:
         """Effective HBM bandwidth per GPU."""
         return min(n.gpu.hbm_bw_gbs for n in self.nodes)
 
-    @property
+    @cached_property
     def nvlink_gbs(self) -> float:
         """Effective intra-node bandwidth per GPU (PCIe where a member has no NVLink)."""
         return min(n.gpu.nvlink_gbs or n.gpu.pcie_gbs for n in self.nodes)
 
-    @property
+    @cached_property
     def pcie_gbs(self) -> float:
         """Effective host-link bandwidth per GPU."""
         return min(n.gpu.pcie_gbs for n in self.nodes)
 
-    @property
+    @cached_property
     def nic_gbits(self) -> float:
         """Effective network bandwidth per GPU."""
         return min(n.nic_gbits for n in self.nodes)
 
-    @property
+    @cached_property
     def total_tflops(self) -> float:
         """Effective island compute: GPUs × effective TFLOP/s."""
         return self.gpus * self.tflops_per_gpu
 
-    @property
+    @cached_property
     def signature(self) -> tuple:
         """What a partial plan on this island depends on (cache key part)."""
         return (self.gpu.name, self.gpus, self.gpus_per_node, self.tflops_per_gpu,

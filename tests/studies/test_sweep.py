@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import pytest
 from conftest import MINI_AUTO as MINI
 
+import solver.planner.search as search
 from solver.cli.main import main
 from solver.planner.plan import cycle_time
 from solver.planner.validate import validate
@@ -88,6 +90,29 @@ def test_auto_returns_the_sweeps_best(mini_path, mini_sweep):
     auto = plan_auto(job)
     assert auto.n_micro == full.best.n_micro
     assert auto.iteration_time_s == pytest.approx(full.best.iteration_time_s, rel=1e-12)
+
+
+def test_the_search_keeps_the_tie_rule_in_any_order():
+    """What a run must beat, by hand: the best so far is 10 s at (n 32, islands view); a run
+    of smaller n, or of the same n and an earlier view, may tie it; any other must beat it."""
+    best = (SimpleNamespace(total=10.0), None, (32, 1))
+    assert search._bar(None, (8, 0), 7.5) == 7.5
+    assert search._bar(best, (16, 0), 7.5) == 10.0 * (1 + search.REL_TIE)
+    assert search._bar(best, (32, 0), 7.5) == 10.0 * (1 + search.REL_TIE)
+    assert search._bar(best, (32, 1), 7.5) == 10.0 * (1 - search.REL_TIE)
+    assert search._bar(best, (64, 0), 7.5) == 10.0 * (1 - search.REL_TIE)
+
+
+@pytest.mark.parametrize("order", [sorted, lambda ns: sorted(ns, reverse=True)])
+def test_the_n_micro_search_does_not_depend_on_its_order(mini_path, monkeypatch, order):
+    job = load_job(mini_path)
+    usual = plan_auto(job)
+    monkeypatch.setattr(search, "search_order", order)
+    other = plan_auto(job)
+    assert (other.n_micro, other.view) == (usual.n_micro, usual.view)
+    assert other.iteration_time_s == usual.iteration_time_s
+    assert [(s.island.name, s.start, s.end, s.nodes) for s in other.stages] == \
+        [(s.island.name, s.start, s.end, s.nodes) for s in usual.stages]
 
 
 def test_eq10_scaled_model_by_hand(mini_sweep):

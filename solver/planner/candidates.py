@@ -203,10 +203,14 @@ class TableSpec:
         (island, group nodes) → allowed stage lengths (rule 2 or its safe variant).
     caps : dict[tuple[str, int, Position], int]
         (island, group nodes, position) → longest slice whose state can fit (rule 3).
+    groups : dict[str, tuple[int, ...]] | None
+        Island → the group sizes that admit a layout (:func:`group_sizes`), when the caller
+        has them already; None: found here.
     """
 
     windows: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     caps: dict[tuple[str, int, Position], int] = field(default_factory=dict)
+    groups: dict[str, tuple[int, ...]] | None = None
 
     def lengths(self, island: str, nodes: int, position: Position, layers: int) -> list[int]:
         """Lengths of an entry the rules allow."""
@@ -247,7 +251,8 @@ def build_stage_table(cache: GroupCache, spec: TableSpec, link_rate: np.ndarray,
     slots, options, plans, kept, unusable = [], {}, {}, [], {}
     for name in order:
         island = cache.islands[name]
-        sizes = group_sizes(cache.model, island, cache.context, features)
+        sizes = spec.groups[name] if spec.groups is not None else \
+            group_sizes(cache.model, island, cache.context, features)
         k, used = len(slots), []
         for g in sizes:
             for pos in Position:

@@ -17,14 +17,12 @@ from typing import Sequence
 
 from solver.planner.candidates import MAX_AUTO_MICRO, candidate_n_micro
 from solver.planner.plan import Plan
-from solver.planner.search import PlannerConfig, plan_job
+from solver.planner.search import REL_TIE, PlannerConfig, plan_job
 from solver.spec.domain import JobSpec
 from solver.spec.errors import InfeasibleError
 
 __all__ = ["MAX_AUTO_MICRO", "REL_TIE", "SweepPoint", "SweepResult", "candidate_n_micro",
            "plan_auto", "plan_point", "sweep"]
-
-REL_TIE = 1e-12   # relative tolerance under which two iteration times tie (smaller n wins)
 
 
 @dataclass(frozen=True)

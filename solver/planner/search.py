@@ -40,7 +40,7 @@ from solver.planner.validate import link_model, validate
 from solver.spec.domain import FeaturePreset, Island, JobSpec, Schedule, SolverKind
 from solver.spec.errors import InfeasibleError, InputError
 
-REL_TIE = 1e-12
+REL_TIE = 1e-12  # relative tolerance under which two iteration times tie (smaller n wins)
 VIEW_ISLANDS, VIEW_WHOLE = "islands", "whole cluster"
 
 
@@ -295,10 +295,10 @@ def search(run: PlanningRun, incumbent: float = math.inf) -> Composed | None:
     heuristic_bans = interface_bans(links, reference, run.config.interface_threshold)
     bans = heuristic_bans if Rule.INTERFACE in rules else frozenset()
     if not rules & (Rule.BALANCE_SAFE | Rule.INTERFACE_SAFE):
-        return compose(run, TableSpec(windows, caps), bans, incumbent=incumbent)
+        return compose(run, TableSpec(windows, caps, groups), bans, incumbent=incumbent)
     probe_windows = rule_tables(replace(run, config=replace(run.config, rules=rules | Rule.BALANCE)),
                                  groups)[1]
-    probe = compose(run, TableSpec(probe_windows, caps), heuristic_bans)
+    probe = compose(run, TableSpec(probe_windows, caps, groups), heuristic_bans)
     upper = probe.total if probe is not None else math.inf
     if Rule.BALANCE_SAFE in rules:
         by_name = {i.name: i for i in run.islands.islands}
@@ -311,7 +311,7 @@ def search(run: PlanningRun, incumbent: float = math.inf) -> Composed | None:
                                                                min(old[1], safe[1]))
     if Rule.INTERFACE_SAFE in rules:
         bans = bans | interface_bans_safe(links, run.n_micro, upper)
-    return compose(run, TableSpec(windows, caps), bans, incumbent=incumbent)
+    return compose(run, TableSpec(windows, caps, groups), bans, incumbent=incumbent)
 
 
 def link_rates(run: PlanningRun) -> np.ndarray:

@@ -16,6 +16,7 @@ which bounds the composition's node dimension; the idle remainder is reported wi
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import numpy as np
 
@@ -79,14 +80,15 @@ def position_lengths(position: Position, layers: int) -> range:
     return range(1, layers)
 
 
-def group_sizes(model: ModelSpec, island: Island, context: PlanContext,
-                features: FeatureSet) -> tuple[int, ...]:
+def group_sizes(model: ModelSpec, island: Island, context: PlanContext, features: FeatureSet,
+                groups: Callable[[int], Island] | None = None) -> tuple[int, ...]:
     """Node counts for which some layout exists (tp inside a node, ``dp`` dividing the
-    micro-batch, cp and ep as the features allow), multiples of the island's granule."""
+    micro-batch, cp and ep as the features allow), multiples of the island's granule.
+    ``groups``: the group of ``g`` nodes (default :func:`~solver.islands.group_island`)."""
     step = granule(len(island.nodes))
     out = []
     for g in range(step, len(island.nodes) + 1, step):
-        grp = group_island(island, g)
+        grp = groups(g) if groups is not None else group_island(island, g)
         if _layouts(ModelSlice(model, 1), grp, context, features):
             out.append(g)
     return tuple(out)
@@ -139,6 +141,9 @@ class GroupCache:
     signatures : dict[tuple[str, int], tuple]
         (island, group nodes) → the group's hardware signature (entries of equal hardware are
         shared), kept here because hashing an island walks all its nodes.
+    groups : dict[tuple[str, int], Island]
+        (island, group nodes) → the group (:meth:`group`), built once: building one walks
+        the island's nodes.
     """
 
     model: ModelSpec
@@ -150,11 +155,20 @@ class GroupCache:
     mismatches: int = 0
     entries: dict[EntryKey, tuple[PartialPlan, ...]] = field(default_factory=dict)
     signatures: dict[tuple[str, int], tuple] = field(default_factory=dict)
+    groups: dict[tuple[str, int], Island] = field(default_factory=dict)
+
+    def group(self, island: str, nodes: int) -> Island:
+        """``nodes`` nodes of island ``island`` at its effective figures (built once)."""
+        got = self.groups.get((island, nodes))
+        if got is None:
+            got = self.groups[(island, nodes)] = group_island(self.islands[island], nodes)
+        return got
 
     def _sig(self, island: str, nodes: int) -> tuple:
         got = self.signatures.get((island, nodes))
         if got is None:
-            got = self.signatures[(island, nodes)] = _signature(self.islands[island], nodes)
+            group = self.group(island, nodes)
+            got = self.signatures[(island, nodes)] = group.signature + (group.pcie_gbs,)
         return got
 
     def fetch(self, island: str, nodes: int, position: Position, lengths: list[int]) -> None:
@@ -166,7 +180,7 @@ class GroupCache:
         big_l = self.model.layers
         first = position in (Position.FIRST, Position.ONLY)
         last = position in (Position.LAST, Position.ONLY)
-        group = group_island(self.islands[island], nodes)
+        group = self.group(island, nodes)
         starts = [None] if self.dedupe or position is not Position.MIDDLE else range(1, big_l - 1)
         for a in starts:
             batch = [d for d in todo if a is None or a + d <= big_l - 1]
@@ -186,11 +200,6 @@ class GroupCache:
     def get(self, island: str, nodes: int, position: Position, length: int):
         """The options of one planned entry."""
         return self.entries[EntryKey(self._sig(island, nodes), nodes, position, length)]
-
-
-def _signature(island: Island, nodes: int) -> tuple:
-    group = group_island(island, nodes)
-    return group.signature + (group.pcie_gbs,)
 
 
 @dataclass(frozen=True)
@@ -252,7 +261,8 @@ def build_stage_table(cache: GroupCache, spec: TableSpec, link_rate: np.ndarray,
     for name in order:
         island = cache.islands[name]
         sizes = spec.groups[name] if spec.groups is not None else \
-            group_sizes(cache.model, island, cache.context, features)
+            group_sizes(cache.model, island, cache.context, features,
+                        lambda g, name=name: cache.group(name, g))
         k, used = len(slots), []
         for g in sizes:
             for pos in Position:

@@ -1,6 +1,6 @@
 """Why the planner left nodes idle, and why no plan exists: the one-line reasons it reports.
 
-Both read a planning run (:class:`solver.planner.search.PlanningRun`: the job, its islands, the
+Both read a planning run (:class:`solver.planner.runs.PlanningRun`: the job, its islands, the
 run's ``n_micro``) and what the search found; neither plans anything.
 """
 
@@ -14,7 +14,7 @@ from solver.planner.plan import StagePlan
 
 if TYPE_CHECKING:  # annotations only: search imports this module
     from solver.planner.candidates import CandidateTable
-    from solver.planner.search import PlanningRun
+    from solver.planner.runs import PlanningRun
 
 
 def idle_nodes(run: PlanningRun, stages: list[StagePlan],

@@ -30,7 +30,7 @@ import math
 import time
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 from solver.cost.frameworks import profile
@@ -324,6 +324,7 @@ def plan_replicas(job: JobSpec, single: Plan, config: PlannerConfig = PlannerCon
         (job.constraints.max_replicas or len(islands))
     unit = share_unit(job, options.share_steps)
     pooled = options.workers > 1 and parallelizer is None
+    config = replace(config, workers=1)  # the processes here are the replica search's own
     with ProcessPoolExecutor(options.workers) if pooled else nullcontext() as pool:
         reps = _Replicas(job, config, parallelizer, pool)
         st = _search(reps, single, islands, limit, unit, start + options.time_limit_s)

@@ -7,7 +7,9 @@ members' figures (what a heterogeneity-oblivious planner sees, so the result is 
 than that plan) — and composes it exactly (:func:`solver.compose.group_dp.compose_groups_dp`,
 or CP-SAT / MILP). Without a fixed ``n_micro`` every divisor of the global batch up to
 :data:`solver.planner.candidates.MAX_AUTO_MICRO` is planned and the best kept (ties: smaller ``n``,
-then the islands' view).
+then the islands' view); the ``n_micro`` values may be searched by several processes that
+share the best plan (:mod:`solver.planner.fanout`), with the same result. What a run is made of
+is in :mod:`solver.planner.runs`.
 """
 
 from __future__ import annotations
@@ -19,168 +21,30 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from solver.cost.frameworks import job_runtime, profile
-from solver.compose.stage_table import GroupRestrictions, GroupResult
+from solver.compose.stage_table import GroupRestrictions
 from solver.compose.table import Position, slice_position
-from solver.cost.parallelizer import (AnalyticParallelizer, FeatureSet, Parallelizer, PlanContext,
-                                      framework_features)
+from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, stage_costs
-from solver.islands import (IslandSet, Thresholds, build_islands, group_island, node_key,
-                            whole_cluster)
-from solver.planner.candidates import (CandidateTable, GroupCache, TableSpec, build_stage_table,
-                                       candidate_n_micro, group_sizes)
-from solver.planner.interleaved import best_interleaved
+from solver.islands import group_island, node_key
+from solver.planner.candidates import TableSpec, build_stage_table, candidate_n_micro, group_sizes
+from solver.planner.fanout import SharedBest, fan_out
+from solver.planner.interleaved import best_interleaved, compute_floor
 from solver.planner.plan import Plan, SolverInfo, StagePlan
 from solver.planner.reasons import explain_infeasible, idle_nodes
-from solver.planner.pruning import (LinkModel, Rule, balance_window, bound_window, interface_bans,
+from solver.planner.runs import (REL_TIE, VIEW_ISLANDS, VIEW_WHOLE, Composed, PlannerConfig,
+                                 PlanningRun, job_islands, start_run, views)
+from solver.planner.pruning import (Rule, balance_window, bound_window, interface_bans,
                                     interface_bans_safe, layer_work_flops, memory_cap,
                                     stage_time_lb)
 from solver.planner.solve import solve_stage_table
-from solver.planner.validate import link_model, validate
-from solver.spec.domain import FeaturePreset, Island, JobSpec, Schedule, SolverKind
-from solver.spec.errors import InfeasibleError, InputError
+from solver.planner.validate import validate
+from solver.spec.domain import Island, JobSpec, Schedule
+from solver.spec.errors import InfeasibleError
 
-REL_TIE = 1e-12  # relative tolerance under which two iteration times tie (smaller n wins)
-VIEW_ISLANDS, VIEW_WHOLE = "islands", "whole cluster"
-
-
-@dataclass(frozen=True)
-class PlannerConfig:
-    """How to plan (defaults come from the job's ``[planner]`` table).
-
-    Attributes
-    ----------
-    rules : Rule
-        Pruning rules to apply.
-    solver : SolverKind | None
-        Composition solver (None: the job's).
-    features : FeaturePreset | None
-        Parallelizer features (None: the job's).
-    time_limit_s : float | None
-        CP-SAT / MILP time limit per solve (None: the job's).
-    interface_threshold : float
-        Rule 4: ban links slower than this fraction of a balanced stage.
-    whole_cluster : bool
-        Also plan the whole cluster as one island at its weakest members' figures.
-    """
-
-    rules: Rule = Rule.paper()
-    solver: SolverKind | None = None
-    features: FeaturePreset | None = None
-    time_limit_s: float | None = None
-    interface_threshold: float = 0.5
-    whole_cluster: bool = True
-
-
-@dataclass
-class PlanningRun:
-    """State of one planning run: one view of the cluster at one ``n_micro``.
-
-    Attributes
-    ----------
-    job, config : JobSpec, PlannerConfig
-        What is planned and how.
-    islands : IslandSet
-        The islands of this view.
-    cache : GroupCache
-        Partial plans (shared between runs of one ``n_micro``).
-    links : LinkModel
-        Boundary transfers.
-    n_micro : int
-        Micro-batches per iteration.
-    view : str
-        ``"islands"`` or ``"whole cluster"``.
-    """
-
-    job: JobSpec
-    config: PlannerConfig
-    islands: IslandSet
-    cache: GroupCache
-    links: LinkModel
-    n_micro: int
-    view: str = VIEW_ISLANDS
-
-    @property
-    def features(self) -> FeatureSet:
-        """The features the parallelizer may use."""
-        return FeatureSet.of(self.config.features or self.job.planner.features).meet(
-            framework_features(self.job.planner.framework))
-
-
-@dataclass(frozen=True)
-class Composed:
-    """The best composition of one run: result, the candidates behind it, proof status."""
-
-    result: GroupResult
-    candidates: CandidateTable
-    optimal: bool
-
-    @property
-    def total(self) -> float:
-        """Iteration time (inf when dominated)."""
-        return math.inf if self.result.objective is None else float(self.result.objective)
-
-
-def start_run(job: JobSpec, config: PlannerConfig, n_micro: int | None = None,
-              parallelizer: Parallelizer | None = None, islands: IslandSet | None = None,
-              view: str = VIEW_ISLANDS, cache: GroupCache | None = None) -> PlanningRun:
-    """Islands (Algorithm 1 unless given), the link model and a candidate cache for ``job``."""
-    n = n_micro or job.training.n_micro
-    if n is None:
-        raise ValueError("n_micro must be fixed here; plan_job searches it")
-    features = config.features or job.planner.features
-    isl = islands or build_islands(job.cluster, Thresholds.of(job.planner))
-    isl = _allowed_islands(job, isl)
-    micro = job.training.global_batch // n
-    by_name = {i.name: i for i in isl.islands}
-    if cache is None:
-        ctx = PlanContext(job.training.seq_len, micro, n, 1, job.planner.epsilon, 1, features,
-                          framework=job.planner.framework, precision=job.training.precision,
-                          constraints=job.constraints)
-        cache = GroupCache(job.model, by_name, parallelizer or AnalyticParallelizer(features), ctx,
-                           dedupe=Rule.DEDUPE in config.rules)
-    else:
-        cache = replace(cache, islands={**cache.islands, **by_name}, entries=cache.entries,
-                        calls=0, mismatches=0)
-    return PlanningRun(job, config, isl, cache, link_model(job, micro), n, view)
-
-
-def job_islands(job: JobSpec) -> IslandSet:
-    """Algorithm 1's islands of the job's cluster, after its ``[constraints]``."""
-    return _allowed_islands(job, build_islands(job.cluster, Thresholds.of(job.planner)))
-
-
-def _allowed_islands(job: JobSpec, isl: IslandSet) -> IslandSet:
-    """``isl`` without the islands ``[constraints]`` leaves out (one-line error when a named
-    island does not exist, or none is left)."""
-    c = job.constraints
-    if c.islands is None and c.exclude_islands is None:
-        return isl
-    known = {i.name for i in isl.islands} | {i.gpu.name for i in isl.islands}
-    for key, names in (("islands", c.islands), ("exclude_islands", c.exclude_islands)):
-        unknown = sorted(set(names or ()) - known)
-        if unknown:
-            raise InputError(str(job.path or job.name), f"constraints.{key}",
-                             f"no island or GPU type {unknown[0]!r} (islands: "
-                             f"{', '.join(sorted(i.name for i in isl.islands))})")
-    kept = tuple(i for i in isl.islands if c.allows_island(i))
-    if not kept:
-        raise InputError(str(job.path or job.name), "constraints.islands",
-                         "leaves no island to plan on")
-    return replace(isl, islands=kept)
-
-
-def views(job: JobSpec, config: PlannerConfig, n: int,
-          parallelizer: Parallelizer) -> list[PlanningRun]:
-    """The runs of one ``n_micro``: Algorithm 1's islands, then the whole cluster."""
-    runs = [start_run(job, config, n, parallelizer)]
-    restricted = job.constraints.islands is not None or job.constraints.exclude_islands is not None
-    if config.whole_cluster and len(runs[0].islands.islands) > 1 and not restricted:
-        # Groups of equal figures share their options across views (the cache is keyed so).
-        runs.append(start_run(job, config, n, parallelizer, whole_cluster(job.cluster),
-                              VIEW_WHOLE, cache=runs[0].cache))
-    return runs
-
+__all__ = ["REL_TIE", "VIEW_ISLANDS", "VIEW_WHOLE", "PlannerConfig", "PlanningRun", "job_islands",
+           "start_run", "views", "plan_job", "view_floor", "search", "search_order", "run_groups", "rule_tables",
+           "compose", "link_rates", "restage", "decode"]
 
 def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int | None = None,
              parallelizer: Parallelizer | None = None, run: PlanningRun | None = None,
@@ -188,7 +52,9 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
     """Plan ``job`` exactly (``n_micro`` searched unless fixed); validated before it is returned.
 
     ``upper``: only plans faster than this many seconds per iteration are sought (the search
-    cuts everything else); the optimum is returned when it is faster.
+    cuts everything else); the optimum is returned when it is faster. With ``config.workers``
+    > 1 (and no ``parallelizer`` given) the ``n_micro`` values are searched by that many
+    processes sharing the best plan (:mod:`solver.planner.fanout`); the plan is the same.
 
     Raises
     ------
@@ -200,44 +66,126 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
     fixed = n_micro or job.training.n_micro
     ns = [run.n_micro] if run is not None else ([fixed] if fixed else
                                                  search_order(candidate_n_micro(job)))
-    best, calls, proven, tried = None, 0, True, []
+    memo: dict = {}  # node groups, the same at every n
+    runs_of = (lambda n: [run]) if run is not None else \
+        (lambda n: views(job, config, n, par, memo))
     # Node-group composition where the runtime runs a layout per stage (FlagScale); a runtime
     # of one layout (Megatron-Core) gets one-mesh plans only (planner.interleaved).
     plain = job.constraints.allows_schedule(Schedule.ONE_F_ONE_B) and \
         not profile(job.planner.framework).uniform_layout
-    for n in ns:
-        for rank, r in enumerate([run] if run is not None else views(job, config, n, par)):
-            bar = _bar(best, (n, rank), upper)
-            found = search(r, bar) if plain else None
-            calls += r.cache.calls
-            tried.append(r)
-            proven = proven and (found is None or found.optimal)
-            if found is not None and found.result.feasible and found.total < bar:
-                best = (found, r, (n, rank))
-    bar = best[0].total * (1 - REL_TIE) if best is not None else upper
-    seen = {r.view: r.islands for r in tried}
+    workers = config.workers if parallelizer is None and plain else 1
+    outcomes = fan_out(ns, lambda n, shared: _plan_n(runs_of(n), n, shared, upper, plain),
+                       workers)
+    best = _merge(outcomes, upper)
+    calls = sum(o.calls for o in outcomes)
+    proven = all(o.proven for o in outcomes)
+    bar = best.total * (1 - REL_TIE) if best is not None else upper
+    seen = [(r.islands, r.view) for r in runs_of(ns[0])]
     alt, alt_calls = best_interleaved(job, config.features or job.planner.features, ns, par, bar,
-                                      [(isl, view) for view, isl in seen.items()])
+                                      seen)
     calls += alt_calls  # every call the plan cost, as a caching parallelizer counts them
+    elapsed = time.perf_counter() - start
     if alt is not None:
         name = alt.solver.name if not plain else \
             f"{(config.solver or job.planner.solver).value}+{alt.solver.name}"
-        plan = replace(alt, solver=SolverInfo(name, proven, time.perf_counter() - start, calls))
+        plan = replace(alt, solver=SolverInfo(name, proven, elapsed, calls))
     elif best is None:
-        raise InfeasibleError(explain_infeasible(tried))
+        raise InfeasibleError(explain_infeasible([r for n in ns for r in runs_of(n)]))
     else:
-        plan = decode(best[1], best[0], time.perf_counter() - start, calls, proven)
+        plan = replace(best.plan, solver=best.info(proven, elapsed, calls))
     validate(plan, job)
     return plan
 
 
-def _bar(best: tuple | None, key: tuple[int, int], upper: float) -> float:
+@dataclass(frozen=True)
+class _Outcome:
+    """What the search of one ``n_micro`` found (picklable: workers send it back).
+
+    Attributes
+    ----------
+    calls : int
+        Parallelizer calls of its runs.
+    proven : bool
+        Every run's search was proven (or found nothing).
+    plan : Plan | None
+        Its best plan, if it beat the shared best when found.
+    key : tuple[int, int]
+        ``(n_micro, view rank)`` of that plan.
+    bound, gap : float | None
+        The solver's bound and gap of that plan.
+    """
+
+    calls: int
+    proven: bool
+    plan: Plan | None = None
+    key: tuple[int, int] = (0, 0)
+    bound: float | None = None
+    gap: float | None = None
+
+    @property
+    def total(self) -> float:
+        """The plan's iteration time."""
+        return self.plan.iteration_time_s
+
+    def info(self, proven: bool, elapsed: float, calls: int) -> SolverInfo:
+        """The plan's solver line once every ``n`` is searched (``proven``: all of them)."""
+        optimal = self.plan.solver.optimal and proven
+        return SolverInfo(self.plan.solver.name, optimal, elapsed, calls,
+                          None if optimal else self.bound, None if optimal else self.gap)
+
+
+def _plan_n(runs: list[PlanningRun], n: int, shared: SharedBest, upper: float,
+            plain: bool) -> _Outcome:
+    """Search the views of one ``n_micro`` against the shared best, offering what beats it."""
+    calls, proven, kept = 0, True, None
+    for rank, r in enumerate(runs):
+        key = (n, rank)
+        bar = _bar(shared.get(), key, upper)
+        found = search(r, bar) if plain and view_floor(r) < bar else None
+        calls += r.cache.calls
+        proven = proven and (found is None or found.optimal)
+        if found is None or not found.result.feasible or not found.total < bar:
+            continue
+        total = found.total
+        if shared.offer(total, key, lambda best: total < _bar(best, key, upper)):
+            kept = (r, found, key)
+    if kept is None:
+        return _Outcome(calls, proven)
+    r, found, key = kept
+    return _Outcome(calls, proven, decode(r, found, 0.0, 0), key, found.result.bound,
+                    found.result.gap)
+
+
+def view_floor(run: PlanningRun) -> float:
+    """Seconds per iteration no plan of ``run``'s view beats: the iteration's FLOPs over the
+    summed peak of every GPU of the view, each at the best fraction of peak any of its kernels
+    reaches (:func:`~solver.planner.interleaved.compute_floor`). Provably safe: ``T >= n ·
+    max τ``, and ``n · τ_i`` seconds on stage ``i``'s GPUs do at most ``n · τ_i · C_i`` of the
+    FLOPs, so ``n · max τ · Σ C_i`` covers them all. A view whose floor is not below what a run
+    must beat is dismissed before its table is built (the whole-cluster view, at its weakest
+    GPUs' figures, once a plan of the islands is known)."""
+    job = run.job
+    return 1.0 / sum(1.0 / compute_floor(job, i, len(i.nodes)) for i in run.islands.islands)
+
+
+def _merge(outcomes: list[_Outcome], upper: float) -> _Outcome | None:
+    """The best of the outcomes under the tie rule, taken in ``(n, view)`` order."""
+    best = None
+    for o in sorted((o for o in outcomes if o.plan is not None), key=lambda o: o.key):
+        if o.total < _bar(None if best is None else (best.total, best.key), o.key, upper):
+            best = o
+    return best
+
+
+def _bar(best: tuple[float, tuple[int, int]] | None, key: tuple[int, int],
+         upper: float) -> float:
     """What a run must beat: ``upper`` before any plan; else the best plan's time, which a run
     of smaller ``(n_micro, view)`` ``key`` may tie (within :data:`REL_TIE`) and any other must
-    beat, so the tie rule (smaller ``n``, then the islands' view) holds in any search order."""
+    beat, so the tie rule (smaller ``n``, then the islands' view) holds in any search order.
+    ``best``: the best plan's ``(iteration time, key)``."""
     if best is None:
         return upper
-    return best[0].total * (1 + REL_TIE if key < best[2] else 1 - REL_TIE)
+    return best[0] * (1 + REL_TIE if key < best[1] else 1 - REL_TIE)
 
 
 def search_order(ns: list[int]) -> list[int]:
@@ -249,18 +197,18 @@ def search_order(ns: list[int]) -> list[int]:
 
 def run_groups(run: PlanningRun) -> dict[str, tuple[int, ...]]:
     """Group sizes of every island that admit a layout."""
-    return {i.name: group_sizes(run.job.model, i, run.cache.context, run.features)
+    return {i.name: group_sizes(run.job.model, i, run.cache.context, run.features,
+                                lambda g, name=i.name: run.cache.group(name, g))
             for i in run.islands.islands}
 
 
 def rule_tables(run: PlanningRun, groups: dict[str, tuple[int, ...]]) -> tuple[dict, dict]:
     """Rule 3 caps and rule 2 windows per group (empty when the rule is off)."""
     job, rules, isl = run.job, run.config.rules, run.islands.islands
-    by_name = {i.name: i for i in isl}
     caps, windows = {}, {}
     for name, sizes in groups.items():
         for g in sizes:
-            grp = group_island(by_name[name], g)
+            grp = run.cache.group(name, g)
             if Rule.MEMORY in rules:
                 for p in Position:
                     caps[(name, g, p)] = memory_cap(job.model, grp, job.planner.epsilon,
@@ -301,10 +249,9 @@ def search(run: PlanningRun, incumbent: float = math.inf) -> Composed | None:
     probe = compose(run, TableSpec(probe_windows, caps, groups), heuristic_bans)
     upper = probe.total if probe is not None else math.inf
     if Rule.BALANCE_SAFE in rules:
-        by_name = {i.name: i for i in run.islands.islands}
         for name, sizes in groups.items():
             for g in sizes:
-                safe = bound_window(run.islands.islands, group_island(by_name[name], g),
+                safe = bound_window(run.islands.islands, run.cache.group(name, g),
                                     job.model.layers, work, run.n_micro, upper)
                 old = windows.get((name, g))
                 windows[(name, g)] = safe if old is None else (max(old[0], safe[0]),

@@ -114,6 +114,8 @@ class BenchOptions:
         Time limit of that search.
     replica_workers : int
         Processes for that search.
+    workers : int
+        Processes searching the ``n_micro`` values of a job that leaves it open (the same plan).
     """
 
     solvers: tuple[SolverKind, ...] = ()
@@ -122,6 +124,7 @@ class BenchOptions:
     replicas: bool = False
     replica_time_limit_s: float = 60.0
     replica_workers: int = 1
+    workers: int = 1
 
 
 @dataclass(frozen=True)
@@ -322,7 +325,7 @@ def _try(make: Callable[[], Plan]) -> tuple[Plan | None, str]:
 def bench_job(path: Path | str, options: BenchOptions = BenchOptions()) -> BenchRow:
     """Plan one job file and measure it as ``options`` asks."""
     job = load_job(path)
-    config = PlannerConfig(time_limit_s=options.time_limit_s)
+    config = PlannerConfig(time_limit_s=options.time_limit_s, workers=options.workers)
     start = time.perf_counter()
     run: PlanningRun | None = None
     try:

@@ -62,12 +62,15 @@ def test_bench_compose_dp(benchmark, name):
     assert result.optimal and result.objective == pytest.approx(COMPOSE_CASES[name], abs=1e-4)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("name", list(PLAN_TARGETS))
-def test_bench_plan(benchmark, name):
+def test_bench_plan(benchmark, name, workers):
+    """``workers``: processes searching the n_micro values (``tangram plan``'s default is 2)."""
     job = load_job(JOBS / f"{name}.toml")
     job = replace(job, training=replace(job.training, n_micro=None))  # n_micro searched
     target, rounds = PLAN_TARGETS[name]
-    plan = benchmark.pedantic(plan_job, args=(job,), rounds=rounds, iterations=1)
+    plan = benchmark.pedantic(plan_job, args=(job, PlannerConfig(workers=workers)),
+                              rounds=rounds, iterations=1)
     assert sum(s.end - s.start for s in plan.stages) == job.model.layers
     # The target (`target` seconds) is reported in the README against the measured median; it is
     # not asserted, since wall time depends on the machine's load.

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from types import SimpleNamespace
 
 import pytest
+from conftest import INSTANCES
 from conftest import MINI_AUTO as MINI
 
 import solver.planner.search as search
 from solver.cli.main import main
 from solver.planner.plan import cycle_time
+from solver.planner.search import PlannerConfig
 from solver.planner.validate import validate
 from solver.spec.domain import TrainingSpec
 from solver.spec.loaders import load_job
@@ -95,7 +96,7 @@ def test_auto_returns_the_sweeps_best(mini_path, mini_sweep):
 def test_the_search_keeps_the_tie_rule_in_any_order():
     """What a run must beat, by hand: the best so far is 10 s at (n 32, islands view); a run
     of smaller n, or of the same n and an earlier view, may tie it; any other must beat it."""
-    best = (SimpleNamespace(total=10.0), None, (32, 1))
+    best = (10.0, (32, 1))
     assert search._bar(None, (8, 0), 7.5) == 7.5
     assert search._bar(best, (16, 0), 7.5) == 10.0 * (1 + search.REL_TIE)
     assert search._bar(best, (32, 0), 7.5) == 10.0 * (1 + search.REL_TIE)
@@ -113,6 +114,20 @@ def test_the_n_micro_search_does_not_depend_on_its_order(mini_path, monkeypatch,
     assert other.iteration_time_s == usual.iteration_time_s
     assert [(s.island.name, s.start, s.end, s.nodes) for s in other.stages] == \
         [(s.island.name, s.start, s.end, s.nodes) for s in usual.stages]
+
+
+@pytest.mark.parametrize("shipped", [None, "odd-3h100-5a100-llama2-13b"])
+def test_two_workers_find_the_plan_one_finds(mini_path, shipped):
+    """The n_micro search in two forked processes sharing the best: the same plan (each n's
+    searches may read another bound, which changes what they cut, not the answer)."""
+    job = load_job(mini_path if shipped is None else INSTANCES / "jobs" / f"{shipped}.toml")
+    job = dataclasses.replace(job, training=dataclasses.replace(job.training, n_micro=None))
+    one, two = plan_auto(job), plan_auto(job, PlannerConfig(workers=2))
+    assert (two.n_micro, two.view, two.iteration_time_s) == \
+        (one.n_micro, one.view, one.iteration_time_s)
+    assert [(s.island.name, s.start, s.end, s.nodes, s.plan.config) for s in two.stages] == \
+        [(s.island.name, s.start, s.end, s.nodes, s.plan.config) for s in one.stages]
+    assert two.solver.optimal and one.solver.optimal
 
 
 def test_eq10_scaled_model_by_hand(mini_sweep):

@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     if args.time_limit is not None and not args.time_limit > 0:
         raise InputError("<cli>", "--time-limit", f"must be positive, got {args.time_limit}")
     options = BenchOptions(parse_solvers(args.solvers), args.baselines, args.time_limit,
-                           replicas=args.replicas, replica_workers=min(2, os.cpu_count() or 1))
+                           replicas=args.replicas, replica_workers=min(2, os.cpu_count() or 1),
+                           workers=min(2, os.cpu_count() or 1))
     paths = suite_paths(args.jobs)
     rows: list[BenchRow] = []
     status = 0

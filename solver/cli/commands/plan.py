@@ -44,15 +44,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="time limit of the search over pipeline replicas across islands "
                         "(default 30 s; the plan says when it stops before a proof)")
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), metavar="N",
-                   help="processes for the replica search (default: min(2, CPUs); same result)")
+                   help="processes for the n_micro search and the replica search (default: "
+                        "min(2, CPUs); same plan)")
     p.set_defaults(func=run)
 
 
 def planner_config(args: argparse.Namespace) -> PlannerConfig:
     """The planner options the flags set (None: the job's)."""
+    if args.workers < 1:
+        raise InputError("<cli>", "--workers", f"must be >= 1, got {args.workers}")
     return PlannerConfig(solver=SolverKind(args.solver) if args.solver else None,
                          features=FeaturePreset(args.features) if args.features else None,
-                         time_limit_s=args.time_limit)
+                         time_limit_s=args.time_limit, workers=args.workers)
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -84,8 +87,6 @@ def search_replicas(args: argparse.Namespace, plan: Plan) -> ReplicatedPlan | No
     limit = args.replica_time_limit
     if limit is not None and not limit > 0:
         raise InputError("<cli>", "--replica-time-limit", f"must be > 0 seconds, got {limit}")
-    if args.workers < 1:
-        raise InputError("<cli>", "--workers", f"must be >= 1, got {args.workers}")
     options = ReplicaOptions(workers=args.workers) if limit is None else \
         ReplicaOptions(time_limit_s=limit, workers=args.workers)
     return plan_replicas(job, plan, planner_config(args), options=options)

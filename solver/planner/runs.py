@@ -1,0 +1,174 @@
+"""One planning run: a view of the cluster at one ``n_micro``, its options and its candidate cache.
+
+The planner (:mod:`solver.planner.search`) plans every ``n_micro`` through the runs of its views:
+Algorithm 1's islands, and the whole cluster as one island at its weakest members' figures.
+This module holds what a run is made of (:class:`PlannerConfig`, :class:`PlanningRun`, the
+result of its composition :class:`Composed`) and how runs start (:func:`start_run`,
+:func:`views`), after the job's ``[constraints]`` on islands.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from solver.compose.stage_table import GroupResult
+from solver.cost.parallelizer import (AnalyticParallelizer, FeatureSet, Parallelizer, PlanContext,
+                                      framework_features)
+from solver.islands import IslandSet, Thresholds, build_islands, whole_cluster
+from solver.planner.candidates import CandidateTable, GroupCache
+from solver.planner.pruning import LinkModel, Rule
+from solver.planner.validate import link_model
+from solver.spec.domain import FeaturePreset, JobSpec, SolverKind
+from solver.spec.errors import InputError
+
+__all__ = ["REL_TIE", "VIEW_ISLANDS", "VIEW_WHOLE", "PlannerConfig", "PlanningRun", "Composed",
+           "start_run", "job_islands", "views"]
+
+REL_TIE = 1e-12  # relative tolerance under which two iteration times tie (smaller n wins)
+VIEW_ISLANDS, VIEW_WHOLE = "islands", "whole cluster"
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """How to plan (defaults come from the job's ``[planner]`` table).
+
+    Attributes
+    ----------
+    rules : Rule
+        Pruning rules to apply.
+    solver : SolverKind | None
+        Composition solver (None: the job's).
+    features : FeaturePreset | None
+        Parallelizer features (None: the job's).
+    time_limit_s : float | None
+        CP-SAT / MILP time limit per solve (None: the job's).
+    interface_threshold : float
+        Rule 4: ban links slower than this fraction of a balanced stage.
+    whole_cluster : bool
+        Also plan the whole cluster as one island at its weakest members' figures.
+    workers : int
+        Processes that search the ``n_micro`` values (1: this process; the same plan).
+    """
+
+    rules: Rule = Rule.paper()
+    solver: SolverKind | None = None
+    features: FeaturePreset | None = None
+    time_limit_s: float | None = None
+    interface_threshold: float = 0.5
+    whole_cluster: bool = True
+    workers: int = 1
+
+
+@dataclass
+class PlanningRun:
+    """State of one planning run: one view of the cluster at one ``n_micro``.
+
+    Attributes
+    ----------
+    job, config : JobSpec, PlannerConfig
+        What is planned and how.
+    islands : IslandSet
+        The islands of this view.
+    cache : GroupCache
+        Partial plans (shared between runs of one ``n_micro``).
+    links : LinkModel
+        Boundary transfers.
+    n_micro : int
+        Micro-batches per iteration.
+    view : str
+        ``"islands"`` or ``"whole cluster"``.
+    """
+
+    job: JobSpec
+    config: PlannerConfig
+    islands: IslandSet
+    cache: GroupCache
+    links: LinkModel
+    n_micro: int
+    view: str = VIEW_ISLANDS
+
+    @property
+    def features(self) -> FeatureSet:
+        """The features the parallelizer may use."""
+        return FeatureSet.of(self.config.features or self.job.planner.features).meet(
+            framework_features(self.job.planner.framework))
+
+
+@dataclass(frozen=True)
+class Composed:
+    """The best composition of one run: result, the candidates behind it, proof status."""
+
+    result: GroupResult
+    candidates: CandidateTable
+    optimal: bool
+
+    @property
+    def total(self) -> float:
+        """Iteration time (inf when dominated)."""
+        return math.inf if self.result.objective is None else float(self.result.objective)
+
+
+def start_run(job: JobSpec, config: PlannerConfig, n_micro: int | None = None,
+              parallelizer: Parallelizer | None = None, islands: IslandSet | None = None,
+              view: str = VIEW_ISLANDS, cache: GroupCache | None = None,
+              groups: dict | None = None) -> PlanningRun:
+    """Islands (Algorithm 1 unless given), the link model and a candidate cache for ``job``
+    (``groups``: node groups built already, :attr:`GroupCache.groups`; they hold for any n)."""
+    n = n_micro or job.training.n_micro
+    if n is None:
+        raise ValueError("n_micro must be fixed here; plan_job searches it")
+    features = config.features or job.planner.features
+    isl = islands or build_islands(job.cluster, Thresholds.of(job.planner))
+    isl = _allowed_islands(job, isl)
+    micro = job.training.global_batch // n
+    by_name = {i.name: i for i in isl.islands}
+    if cache is None:
+        ctx = PlanContext(job.training.seq_len, micro, n, 1, job.planner.epsilon, 1, features,
+                          framework=job.planner.framework, precision=job.training.precision,
+                          constraints=job.constraints)
+        cache = GroupCache(job.model, by_name, parallelizer or AnalyticParallelizer(features), ctx,
+                           dedupe=Rule.DEDUPE in config.rules,
+                           groups={} if groups is None else groups)
+    else:
+        cache = replace(cache, islands={**cache.islands, **by_name}, entries=cache.entries,
+                        calls=0, mismatches=0)
+    return PlanningRun(job, config, isl, cache, link_model(job, micro), n, view)
+
+
+def job_islands(job: JobSpec) -> IslandSet:
+    """Algorithm 1's islands of the job's cluster, after its ``[constraints]``."""
+    return _allowed_islands(job, build_islands(job.cluster, Thresholds.of(job.planner)))
+
+
+def _allowed_islands(job: JobSpec, isl: IslandSet) -> IslandSet:
+    """``isl`` without the islands ``[constraints]`` leaves out (one-line error when a named
+    island does not exist, or none is left)."""
+    c = job.constraints
+    if c.islands is None and c.exclude_islands is None:
+        return isl
+    known = {i.name for i in isl.islands} | {i.gpu.name for i in isl.islands}
+    for key, names in (("islands", c.islands), ("exclude_islands", c.exclude_islands)):
+        unknown = sorted(set(names or ()) - known)
+        if unknown:
+            raise InputError(str(job.path or job.name), f"constraints.{key}",
+                             f"no island or GPU type {unknown[0]!r} (islands: "
+                             f"{', '.join(sorted(i.name for i in isl.islands))})")
+    kept = tuple(i for i in isl.islands if c.allows_island(i))
+    if not kept:
+        raise InputError(str(job.path or job.name), "constraints.islands",
+                         "leaves no island to plan on")
+    return replace(isl, islands=kept)
+
+
+def views(job: JobSpec, config: PlannerConfig, n: int, parallelizer: Parallelizer,
+          groups: dict | None = None) -> list[PlanningRun]:
+    """The runs of one ``n_micro``: Algorithm 1's islands, then the whole cluster (``groups``:
+    see :func:`start_run`)."""
+    runs = [start_run(job, config, n, parallelizer, groups=groups)]
+    restricted = job.constraints.islands is not None or job.constraints.exclude_islands is not None
+    if config.whole_cluster and len(runs[0].islands.islands) > 1 and not restricted:
+        # Groups of equal figures share their options across views (the cache is keyed so).
+        runs.append(start_run(job, config, n, parallelizer, whole_cluster(job.cluster),
+                              VIEW_WHOLE, cache=runs[0].cache))
+    return runs

@@ -19,6 +19,8 @@ the per-iteration terms.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from solver.compose.table import Position
 from solver.cost.frameworks import interleaving_allowed, megatron_interleaves, profile
 from solver.cost.parallelizer import Parallelizer, PartialPlan, PlanContext
@@ -28,7 +30,7 @@ from solver.islands import IslandSet, group_island, node_key
 from solver.planner.plan import Plan, SolverInfo, StagePlan, interleaved_cycle_time
 from solver.spec.domain import FeaturePreset, Island, JobSpec, Precision, Schedule
 
-__all__ = ["chunk_counts", "best_interleaved"]
+__all__ = ["chunk_counts", "compute_floor", "pipeline_floor", "best_interleaved"]
 
 
 def chunk_counts(layers: int, allowed: tuple[int, ...] | None = None) -> list[int]:
@@ -52,6 +54,21 @@ def compute_floor(job: JobSpec, island: Island, nodes: int) -> float:
     gpus = nodes * island.gpus_per_node
     flops = model_flops_per_token(job.model, job.training.seq_len) * job.training.tokens
     return flops / (gpus * peak)
+
+
+def pipeline_floor(job: JobSpec, islands: Sequence[Island], n: int) -> float:
+    """Seconds per iteration no plain 1F1B pipeline of ``n`` micro-batches over groups of
+    ``islands`` beats (provably safe).
+
+    With micro-batches of work ``w``, stage latencies ``τ_i >= w_i / C_i`` (``C_i`` the
+    capacity of the stage's GPUs at peak times the best kernel efficiency,
+    :func:`compute_floor`), ``C`` the islands' summed capacity and ``C_max`` the largest
+    island's: ``max τ >= w / C`` (the stages share the work) and ``Σ τ >= w / C_max`` (every
+    stage lies in one island), so ``T >= (n − 1) · max τ + Σ τ >= w ((n − 1)/C + 1/C_max)``.
+    Boundary transfers and the per-iteration terms only add to it.
+    """
+    caps = [1.0 / compute_floor(job, i, len(i.nodes)) for i in islands]  # iterations per second
+    return ((n - 1) / sum(caps) + 1.0 / max(caps)) / n
 
 
 def _context(job: JobSpec, features: FeaturePreset, n: int, v: int, nodes: int,

@@ -36,7 +36,7 @@ from typing import Iterator, Sequence
 from solver.cost.frameworks import profile
 from solver.cost.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
 from solver.cost.parallelizer import Parallelizer
-from solver.planner.interleaved import compute_floor
+from solver.planner.interleaved import pipeline_floor
 from solver.planner.candidates import MAX_AUTO_MICRO
 from solver.planner.plan import Plan, SolverInfo
 from solver.planner.replica_plan import (Replica, ReplicatedPlan, allreduce_s, replica_job,
@@ -111,9 +111,7 @@ def replica_floor(job: JobSpec, group: Sequence[Island], share: int) -> float:
     searched when it is searched (the bound falls with ``n``).
     """
     n = job.training.n_micro or MAX_AUTO_MICRO
-    caps = [1.0 / compute_floor(job, i, len(i.nodes)) for i in group]  # batches per second
-    per_micro = share / job.training.global_batch / n  # W in whole-batch units
-    return per_micro * ((n - 1) / sum(caps) + 1.0 / max(caps))
+    return share / job.training.global_batch * pipeline_floor(job, group, n)
 
 
 def holds_model(job: JobSpec, group: Sequence[Island]) -> bool:

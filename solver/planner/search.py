@@ -29,7 +29,7 @@ from solver.cost.stage_costs import PipelineSetting, stage_costs
 from solver.islands import group_island, node_key
 from solver.planner.candidates import TableSpec, build_stage_table, candidate_n_micro, group_sizes
 from solver.planner.fanout import SharedBest, fan_out
-from solver.planner.interleaved import best_interleaved, compute_floor
+from solver.planner.interleaved import best_interleaved, pipeline_floor
 from solver.planner.plan import Plan, SolverInfo, StagePlan
 from solver.planner.reasons import explain_infeasible, idle_nodes
 from solver.planner.runs import (REL_TIE, VIEW_ISLANDS, VIEW_WHOLE, Composed, PlannerConfig,
@@ -157,15 +157,13 @@ def _plan_n(runs: list[PlanningRun], n: int, shared: SharedBest, upper: float,
 
 
 def view_floor(run: PlanningRun) -> float:
-    """Seconds per iteration no plan of ``run``'s view beats: the iteration's FLOPs over the
-    summed peak of every GPU of the view, each at the best fraction of peak any of its kernels
-    reaches (:func:`~solver.planner.interleaved.compute_floor`). Provably safe: ``T >= n ·
-    max τ``, and ``n · τ_i`` seconds on stage ``i``'s GPUs do at most ``n · τ_i · C_i`` of the
-    FLOPs, so ``n · max τ · Σ C_i`` covers them all. A view whose floor is not below what a run
-    must beat is dismissed before its table is built (the whole-cluster view, at its weakest
-    GPUs' figures, once a plan of the islands is known)."""
-    job = run.job
-    return 1.0 / sum(1.0 / compute_floor(job, i, len(i.nodes)) for i in run.islands.islands)
+    """Seconds per iteration no plan of ``run``'s view beats: the fill and drain of a pipeline
+    of ``run.n_micro`` micro-batches whose stages run at their GPUs' peak times the best
+    fraction any of their kernels reaches (:func:`~solver.planner.interleaved.pipeline_floor`;
+    provably safe). A view whose floor is not below what a run must beat is dismissed before
+    its table is built: the whole-cluster view (its weakest GPUs' figures) once a plan of the
+    islands is known, and small ``n_micro``, whose fill and drain alone are too slow."""
+    return pipeline_floor(run.job, run.islands.islands, run.n_micro)
 
 
 def _merge(outcomes: list[_Outcome], upper: float) -> _Outcome | None:

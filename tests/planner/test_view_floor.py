@@ -15,12 +15,12 @@ JOBS = ["seed-llama3-70b", "odd-3h100-5a100-llama2-13b", "mixtral-a100-h100",
         "v100-a100-llama2-13b"]
 
 
+@pytest.mark.parametrize("n", [1, 2, 8])
 @pytest.mark.parametrize("name", JOBS)
-def test_no_plan_of_a_view_beats_its_floor(name):
+def test_no_plan_of_a_view_beats_its_floor(name, n):
     job = load_job(INSTANCES / "jobs" / f"{name}.toml")
     config = PlannerConfig()
-    runs = views(job, config, job.training.n_micro or 8,
-                 AnalyticParallelizer(job.planner.features))
+    runs = views(job, config, n, AnalyticParallelizer(job.planner.features))
     assert len(runs) == 2  # the islands, then the whole cluster
     for run in runs:
         found = search(run)
@@ -30,12 +30,16 @@ def test_no_plan_of_a_view_beats_its_floor(name):
 
 def test_the_floor_of_one_island_is_its_compute_floor_and_more_gpus_lower_it():
     job = load_job(INSTANCES / "jobs" / "seed-llama3-70b.toml")
-    by_islands, whole = views(job, PlannerConfig(), 32,
+    n = 32
+    by_islands, whole = views(job, PlannerConfig(), n,
                               AnalyticParallelizer(job.planner.features))
     (one,) = whole.islands.islands
+    # One island: the fill and drain cost nothing extra, T >= n · w / C = W / C.
     assert view_floor(whole) == pytest.approx(compute_floor(job, one, len(one.nodes)))
-    # Two islands: the harmonic sum of their floors (their peaks add up), below either one.
+    # Two islands, W / F_k their capacities: W/n · ((n − 1)/(C_1 + C_2) + 1/max C), below
+    # either island alone and above their summed capacity.
     floors = [compute_floor(job, i, len(i.nodes)) for i in by_islands.islands.islands]
     assert len(floors) == 2
-    assert view_floor(by_islands) == pytest.approx(1 / sum(1 / f for f in floors))
-    assert view_floor(by_islands) < min(floors)
+    caps = [1 / f for f in floors]
+    assert view_floor(by_islands) == pytest.approx(((n - 1) / sum(caps) + 1 / max(caps)) / n)
+    assert 1 / sum(caps) < view_floor(by_islands) < min(floors)

@@ -149,6 +149,20 @@ def test_plan_json_is_byte_identical_across_runs(job, capsys):
     assert json.loads(outs[0])["solver"]["time_s"] == 0.0
 
 
+def test_one_or_two_workers_print_the_same_plan_and_zero_is_refused(capsys):
+    """``--workers`` sets the processes of the n_micro search (the job leaves n_micro open)."""
+    path = str(INSTANCES / "jobs" / "odd-3h100-5a100-llama2-13b.toml")
+    outs = []
+    for workers in ("1", "2"):
+        assert main(["plan", path, "--json", "--stable-json", "--workers", workers]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1]
+    assert main(["plan", path, "--workers", "0"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == "error: <cli>: --workers: must be >= 1, got 0\n"
+
+
 def test_solvers_give_identical_plans(tmp_path, capsys):
     # Small enough for CP-SAT and the MILP to prove their optimum (they search every plan that
     # could beat the DP's): three nodes, the shared mini job.

@@ -43,8 +43,8 @@ from solver.spec.domain import Island, JobSpec, Schedule
 from solver.spec.errors import InfeasibleError
 
 __all__ = ["REL_TIE", "VIEW_ISLANDS", "VIEW_WHOLE", "PlannerConfig", "PlanningRun", "job_islands",
-           "start_run", "views", "plan_job", "view_floor", "search", "search_order", "run_groups", "rule_tables",
-           "compose", "link_rates", "restage", "decode"]
+           "start_run", "views", "plan_job", "view_floor", "search", "search_order", "run_groups",
+           "rule_tables", "compose", "link_rates", "restage", "decode"]
 
 def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int | None = None,
              parallelizer: Parallelizer | None = None, run: PlanningRun | None = None,
@@ -111,6 +111,8 @@ class _Outcome:
         Its best plan, if it beat the shared best when found.
     key : tuple[int, int]
         ``(n_micro, view rank)`` of that plan.
+    total : float
+        Its iteration time as the composition computed it (the value offered to the others).
     bound, gap : float | None
         The solver's bound and gap of that plan.
     """
@@ -119,13 +121,9 @@ class _Outcome:
     proven: bool
     plan: Plan | None = None
     key: tuple[int, int] = (0, 0)
+    total: float = math.inf
     bound: float | None = None
     gap: float | None = None
-
-    @property
-    def total(self) -> float:
-        """The plan's iteration time."""
-        return self.plan.iteration_time_s
 
     def info(self, proven: bool, elapsed: float, calls: int) -> SolverInfo:
         """The plan's solver line once every ``n`` is searched (``proven``: all of them)."""
@@ -152,8 +150,8 @@ def _plan_n(runs: list[PlanningRun], n: int, shared: SharedBest, upper: float,
     if kept is None:
         return _Outcome(calls, proven)
     r, found, key = kept
-    return _Outcome(calls, proven, decode(r, found, 0.0, 0), key, found.result.bound,
-                    found.result.gap)
+    return _Outcome(calls, proven, decode(r, found, 0.0, 0), key, found.total,
+                    found.result.bound, found.result.gap)
 
 
 def view_floor(run: PlanningRun) -> float:

@@ -164,6 +164,11 @@ class GroupCache:
             got = self.groups[(island, nodes)] = group_island(self.islands[island], nodes)
         return got
 
+    def sizes(self, island: str, features: FeatureSet) -> tuple[int, ...]:
+        """:func:`group_sizes` of island ``island`` under this cache's context, on its groups."""
+        return group_sizes(self.model, self.islands[island], self.context, features,
+                           lambda g: self.group(island, g))
+
     def _sig(self, island: str, nodes: int) -> tuple:
         got = self.signatures.get((island, nodes))
         if got is None:
@@ -260,9 +265,7 @@ def build_stage_table(cache: GroupCache, spec: TableSpec, link_rate: np.ndarray,
     slots, options, plans, kept, unusable = [], {}, {}, [], {}
     for name in order:
         island = cache.islands[name]
-        sizes = spec.groups[name] if spec.groups is not None else \
-            group_sizes(cache.model, island, cache.context, features,
-                        lambda g, name=name: cache.group(name, g))
+        sizes = spec.groups[name] if spec.groups is not None else cache.sizes(name, features)
         k, used = len(slots), []
         for g in sizes:
             for pos in Position:

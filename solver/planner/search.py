@@ -27,7 +27,7 @@ from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, stage_costs
 from solver.islands import group_island, node_key
-from solver.planner.candidates import TableSpec, build_stage_table, candidate_n_micro, group_sizes
+from solver.planner.candidates import TableSpec, build_stage_table, candidate_n_micro
 from solver.planner.fanout import SharedBest, fan_out
 from solver.planner.interleaved import best_interleaved, pipeline_floor
 from solver.planner.plan import Plan, SolverInfo, StagePlan
@@ -193,9 +193,7 @@ def search_order(ns: list[int]) -> list[int]:
 
 def run_groups(run: PlanningRun) -> dict[str, tuple[int, ...]]:
     """Group sizes of every island that admit a layout."""
-    return {i.name: group_sizes(run.job.model, i, run.cache.context, run.features,
-                                lambda g, name=i.name: run.cache.group(name, g))
-            for i in run.islands.islands}
+    return {i.name: run.cache.sizes(i.name, run.features) for i in run.islands.islands}
 
 
 def rule_tables(run: PlanningRun, groups: dict[str, tuple[int, ...]]) -> tuple[dict, dict]:

@@ -49,6 +49,7 @@ group, then the shortest slice.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 from time import perf_counter
 
 import numpy as np
@@ -57,6 +58,8 @@ from solver.compose.group_pass import (_INF, MAX_GROUP_ISLANDS, Mode, _backtrack
                                        _decode, _Kernels, _kernels, _Prep, _prepare, _run_pass,
                                        level_in_flight)
 from solver.compose.stage_table import GroupRestrictions, GroupResult, StageTable, group_objective
+
+Live = Callable[[], float]  # the current bar of a search whose incumbent may fall as it runs
 
 __all__ = ["MAX_GROUP_ISLANDS", "Mode", "compose_groups_dp", "level_in_flight"]
 
@@ -189,9 +192,11 @@ def _middle(values: np.ndarray, a: int, b: int) -> int:
     return min(max(at, a + 1), b - 1)
 
 
-def _search_caps(prep: _Prep, vcap: float, t_budget: float = _INF, known: list | None = None):
+def _search_caps(prep: _Prep, vcap: float, t_budget: float = _INF, known: list | None = None,
+                 live: Live | None = None):
     """Best ``(T_pipe, stages)`` with every option's per-iteration time ``<= vcap`` and
     ``T_pipe < t_budget`` (None if there is none): branch-and-bound over the bottleneck cap.
+    ``live``, read before each pass, may lower ``t_budget`` while the search runs.
 
     Intervals of cap indices ``(a, b)`` carry ``S(C_a)`` (``inf`` when it exceeded the budget)
     and a lower bound on ``S(C_b)``; caps inside have ``T >= (n−1)·C_{a+1} + S(C_b)``. An
@@ -215,6 +220,9 @@ def _search_caps(prep: _Prep, vcap: float, t_budget: float = _INF, known: list |
     stack = [(-1, _INF, values.size, s_lb)]
     while stack:
         a, s_a, b, s_b = stack.pop()
+        bar = _read(live)
+        if bar < best[0]:  # beaten elsewhere: the plan here, if any, no longer wins
+            best = [bar, _INF, None]
         if b - a <= 1 or s_a <= s_b or (n - 1) * values[a + 1] + s_b >= best[0]:
             continue
         mid = _middle(values, a, b)
@@ -235,7 +243,14 @@ def _search_caps(prep: _Prep, vcap: float, t_budget: float = _INF, known: list |
     return None if best[2] is None else (best[0], best[2])
 
 
-def _search_iteration(prep: _Prep, values: np.ndarray, incumbent: float = _INF):
+def _read(live: Live | None) -> float:
+    """The bar ``live`` reads now (``inf`` without one): a plan found elsewhere while this
+    search runs; a plan here must beat it, so the search cuts against it at once."""
+    return _INF if live is None else live()
+
+
+def _search_iteration(prep: _Prep, values: np.ndarray, incumbent: float = _INF,
+                      live: Live | None = None):
     """Best ``(T, stages)`` over iteration caps: ``T* = min_V pipe(V) + V`` (the optimal plan's
     largest per-iteration time ``v`` has ``pipe(v) + v <= T*``), ``pipe`` non-increasing in
     ``V``: a walk down the sorted values.
@@ -246,22 +261,28 @@ def _search_iteration(prep: _Prep, values: np.ndarray, incumbent: float = _INF):
     ``p`` and largest per-iteration time ``v`` settles ``[v, V_b]`` (``pipe`` is ``p`` there,
     and its best is that plan) and every ``V >= best − p`` (``T >= p + V`` below ``V_b``); the
     walk goes on below both. Fewer solves than a bisection where ``pipe`` has few steps near
-    the optimum, the case that costs. Only plans below ``incumbent`` are sought.
+    the optimum, the case that costs. Only plans below ``incumbent`` (and below what ``live``
+    reads, which may fall while the walk runs) are sought.
     """
     known: list = []  # plans found at any cap, shared by the searches below
-    top = _search_caps(prep, float(values[-1]), incumbent - float(values[0]), known)
+    v0 = float(values[0])
+    pipe_live = None if live is None else (lambda: live() - v0)
+    top = _search_caps(prep, float(values[-1]), incumbent - v0, known, pipe_live)
     if top is None:
         return None
     pipe, stages = top
     best = [incumbent, None]
     while True:
         it = max(s.iteration for s in stages)
+        bar = _read(live)
+        if bar < best[0]:
+            best = [bar, None]
         if pipe + it < best[0]:
             best = [pipe + it, stages]
         b = min(int(np.searchsorted(values, it)), int(np.searchsorted(values, best[0] - pipe)))
         if b <= 0 or pipe + float(values[0]) >= best[0]:
             break
-        found = _search_caps(prep, float(values[b - 1]), best[0] - float(values[0]), known)
+        found = _search_caps(prep, float(values[b - 1]), best[0] - v0, known, pipe_live)
         if found is None:  # pipe >= best − V_0 at every V <= V_{b−1}: none of them wins
             break
         pipe, stages = found
@@ -273,26 +294,30 @@ def _search_iteration(prep: _Prep, values: np.ndarray, incumbent: float = _INF):
 SHALLOW_DEPTH = 4
 
 
-def _shallow_first(table, restrictions, overlap, prep, iters):
+def _shallow_first(table, restrictions, overlap, prep, iters, live: Live | None = None):
     """The best plan of at most :data:`SHALLOW_DEPTH` stages first (a cheap search: few
     levels), then the full search for anything strictly better: its passes drop every state
     that cannot beat that plan. Exact: the answer is the better of the two."""
     shallow = replace(restrictions or GroupRestrictions(), max_stages=SHALLOW_DEPTH)
-    first = _search_iteration(_prepare(table, shallow, overlap), iters)
+    first = _search_iteration(_prepare(table, shallow, overlap), iters, live=live)
     if first is None:
-        return _search_iteration(prep, iters)
-    better = _search_iteration(prep, iters, first[0])
+        return _search_iteration(prep, iters, live=live)
+    better = _search_iteration(prep, iters, first[0], live)
     return better if better is not None else first
 
 
 def compose_groups_dp(table: StageTable, restrictions: GroupRestrictions | None = None,
-                      overlap: bool = False, incumbent: float = _INF) -> GroupResult:
+                      overlap: bool = False, incumbent: float = _INF,
+                      live: Live | None = None) -> GroupResult:
     """Exact optimal composition of ``table`` over node-group stages.
 
     Parameters
     ----------
     incumbent : float
         Only plans faster than this are sought (a plan the caller already has).
+    live : callable, optional
+        The incumbent as it stands now, read before every pass: a plan found elsewhere while
+        this search runs (another process's) cuts it at once. Same answer, less work.
 
     Returns
     -------
@@ -318,13 +343,14 @@ def compose_groups_dp(table: StageTable, restrictions: GroupRestrictions | None 
     if not iters.size:
         found = None
     elif prep.depth > SHALLOW_DEPTH and not np.isfinite(incumbent):
-        found = _shallow_first(table, restrictions, overlap, prep, iters)
+        found = _shallow_first(table, restrictions, overlap, prep, iters, live)
     else:
-        found = _search_iteration(prep, iters, incumbent)
+        found = _search_iteration(prep, iters, incumbent, live)
     best = None if found is None else found[1]
     elapsed = perf_counter() - t0
     if best is None:
-        status = "dominated" if np.isfinite(incumbent) else "infeasible"
+        beaten = np.isfinite(min(incumbent, _read(live)))
+        status = "dominated" if beaten else "infeasible"
         return GroupResult((), None, "dp", status == "dominated", status, elapsed)
     total = group_objective(table, best, overlap)[0]
     return GroupResult(best, total, "dp", True, "optimal", elapsed, total, 0.0)

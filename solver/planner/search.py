@@ -6,9 +6,10 @@ cluster — the islands of Algorithm 1, and the whole cluster as one island at i
 members' figures (what a heterogeneity-oblivious planner sees, so the result is never worse
 than that plan) — and composes it exactly (:func:`solver.compose.group_dp.compose_groups_dp`,
 or CP-SAT / MILP). Without a fixed ``n_micro`` every divisor of the global batch up to
-:data:`solver.planner.candidates.MAX_AUTO_MICRO` is planned and the best kept (ties: smaller ``n``,
-then the islands' view); the ``n_micro`` values may be searched by several processes that
-share the best plan (:mod:`solver.planner.fanout`), with the same result. What a run is made of
+:data:`solver.planner.candidates.MAX_AUTO_MICRO` is planned, largest first, and the best kept
+(ties: smaller ``n``, then the islands' view); the ``n_micro`` values may be searched by several
+processes that share the best plan (:mod:`solver.planner.fanout`), each search reading it as it
+runs, with the same result. What a run is made of
 is in :mod:`solver.planner.runs`.
 """
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from solver.cost.frameworks import job_runtime, profile
+from solver.compose.group_dp import Live
 from solver.compose.stage_table import GroupRestrictions
 from solver.compose.table import Position, slice_position
 from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer
@@ -139,7 +141,8 @@ def _plan_n(runs: list[PlanningRun], n: int, shared: SharedBest, upper: float,
     for rank, r in enumerate(runs):
         key = (n, rank)
         bar = _bar(shared.get(), key, upper)
-        found = search(r, bar) if plain and view_floor(r) < bar else None
+        found = search(r, bar, lambda: _bar(shared.get(), key, upper)) \
+            if plain and view_floor(r) < bar else None
         calls += r.cache.calls
         proven = proven and (found is None or found.optimal)
         if found is None or not found.result.feasible or not found.total < bar:
@@ -185,10 +188,13 @@ def _bar(best: tuple[float, tuple[int, int]] | None, key: tuple[int, int],
 
 
 def search_order(ns: list[int]) -> list[int]:
-    """``n_micro`` candidates from the middle (in log scale) outwards: a good plan early lets
-    the DP dismiss the others quickly. The order does not change the result (:func:`_bar`)."""
-    mid = math.log2(ns[len(ns) // 2]) if ns else 0.0
-    return sorted(ns, key=lambda n: (abs(math.log2(n) - mid), n))
+    """``n_micro`` candidates best-first by their lower bound: the view floor
+    (:func:`view_floor`, fill and drain at peak speed) falls as ``n`` grows, so the largest
+    ``n`` comes first. Deep pipelines over many islands, the searches that cost, find their
+    optimum at large ``n``, and with two workers the two largest run at once and cut each
+    other as they go (``live`` bars); small ``n`` are then dismissed against that plan. The
+    order does not change the result (:func:`_bar`)."""
+    return sorted(ns, reverse=True)
 
 
 def run_groups(run: PlanningRun) -> dict[str, tuple[int, ...]]:
@@ -220,9 +226,11 @@ def _boundary_links(run: PlanningRun) -> dict[tuple[str, str], float]:
             for a in isl for b in isl if a is not b}
 
 
-def search(run: PlanningRun, incumbent: float = math.inf) -> Composed | None:
+def search(run: PlanningRun, incumbent: float = math.inf,
+           live: Live | None = None) -> Composed | None:
     """The best composition of ``run`` under its pruning rules, if it beats ``incumbent``
-    (None: nothing fits; no stages: proven not to beat ``incumbent``).
+    (None: nothing fits; no stages: proven not to beat ``incumbent``). ``live``: the incumbent
+    as it stands while the search runs (another process may lower it).
 
     The safe variants of rules 2 and 4 need an upper bound on ``T``: the plan under the paper's
     heuristic rules.
@@ -237,7 +245,8 @@ def search(run: PlanningRun, incumbent: float = math.inf) -> Composed | None:
     heuristic_bans = interface_bans(links, reference, run.config.interface_threshold)
     bans = heuristic_bans if Rule.INTERFACE in rules else frozenset()
     if not rules & (Rule.BALANCE_SAFE | Rule.INTERFACE_SAFE):
-        return compose(run, TableSpec(windows, caps, groups), bans, incumbent=incumbent)
+        return compose(run, TableSpec(windows, caps, groups), bans, incumbent=incumbent,
+                       live=live)
     probe_windows = rule_tables(replace(run, config=replace(run.config, rules=rules | Rule.BALANCE)),
                                  groups)[1]
     probe = compose(run, TableSpec(probe_windows, caps, groups), heuristic_bans)
@@ -252,7 +261,7 @@ def search(run: PlanningRun, incumbent: float = math.inf) -> Composed | None:
                                                                min(old[1], safe[1]))
     if Rule.INTERFACE_SAFE in rules:
         bans = bans | interface_bans_safe(links, run.n_micro, upper)
-    return compose(run, TableSpec(windows, caps, groups), bans, incumbent=incumbent)
+    return compose(run, TableSpec(windows, caps, groups), bans, incumbent=incumbent, live=live)
 
 
 def link_rates(run: PlanningRun) -> np.ndarray:
@@ -263,9 +272,9 @@ def link_rates(run: PlanningRun) -> np.ndarray:
 
 def compose(run: PlanningRun, spec: TableSpec, bans: frozenset,
             restrictions: GroupRestrictions | None = None,
-            incumbent: float = math.inf) -> Composed | None:
+            incumbent: float = math.inf, live: Live | None = None) -> Composed | None:
     """Build the stage table ``spec`` allows and compose it with the run's solver (None: no
-    plan fits; a result without stages: proven not to beat ``incumbent``)."""
+    plan fits; a result without stages: proven not to beat ``incumbent`` or ``live``)."""
     names = tuple(i.name for i in run.islands.islands)
     cand = build_stage_table(run.cache, spec, link_rates(run), names, run.features)
     if cand is None:
@@ -281,7 +290,8 @@ def compose(run: PlanningRun, spec: TableSpec, bans: frozenset,
     job = run.job
     result = solve_stage_table(cand.table, restr, run.config.solver or job.planner.solver,
                                job.planner.overlap,
-                               run.config.time_limit_s or job.planner.time_limit_s, incumbent)
+                               run.config.time_limit_s or job.planner.time_limit_s, incumbent,
+                               live)
     if not result.feasible and result.status != "dominated":
         return None
     return Composed(result, cand, result.optimal)

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from solver.compose.dp import canonical_result, compose_dp
 from solver.compose.group_brute import compose_groups_brute
-from solver.compose.group_dp import compose_groups_dp
+from solver.compose.group_dp import Live, compose_groups_dp
 from solver.compose.result import CompositionResult, SolveStatus, TooLargeError
 from solver.compose.stage_table import GroupRestrictions, GroupResult, StageTable
 from solver.compose.table import LatencyTable, Restrictions
@@ -68,7 +68,7 @@ def _solve(table: LatencyTable, restrictions: Restrictions | None, kind: SolverK
 
 def solve_stage_table(table: StageTable, restrictions: GroupRestrictions | None,
                       kind: SolverKind, overlap: bool = False, time_limit_s: float = 30.0,
-                      incumbent: float = float("inf")) -> GroupResult:
+                      incumbent: float = float("inf"), live: Live | None = None) -> GroupResult:
     """Compose a node-group stage table with solver ``kind`` (same result type for all).
 
     CP-SAT and MILP are given the DP's objective as an upper bound (entries no better plan can
@@ -78,7 +78,8 @@ def solve_stage_table(table: StageTable, restrictions: GroupRestrictions | None,
     one that stops at its time limit keeps its bound and gap while the plan returned is the
     DP's (marked not proven). A proof of the DP's optimum returns the DP's plan: of several
     optimal plans every solver gives the same, the one the DP's tie rule picks. ``incumbent``
-    lets the DP dismiss a table that cannot beat a plan the caller has (status ``dominated``).
+    lets the DP dismiss a table that cannot beat a plan the caller has (status ``dominated``);
+    ``live`` is that incumbent as it stands while the DP runs (a plan another process finds).
 
     Raises
     ------
@@ -86,7 +87,7 @@ def solve_stage_table(table: StageTable, restrictions: GroupRestrictions | None,
         The instance exceeds what the chosen solver is built for.
     """
     try:
-        dp = compose_groups_dp(table, restrictions, overlap, incumbent)
+        dp = compose_groups_dp(table, restrictions, overlap, incumbent, live)
         if kind is SolverKind.DP or dp.status == "dominated":
             return dp
         if kind is SolverKind.BRUTE:

@@ -239,3 +239,34 @@ def test_objective_rejects_an_option_below_its_in_flight_count():
     stages = (GroupStage("a", 0, 1, 0, 1, 0, 1.0, 0.0, 2), GroupStage("a", 0, 1, 1, 2, 0, 1.0, 0.0, 1))
     with pytest.raises(ValueError, match="needs 2"):
         group_objective(table, stages)
+
+
+def _falling(after: int, value: float):
+    """A live bar that reads ``inf`` ``after`` times, then ``value`` (another process's plan
+    arriving in the middle of the search)."""
+    reads = [0]
+
+    def live() -> float:
+        reads[0] += 1
+        return math.inf if reads[0] <= after else value
+    return live
+
+
+@settings(max_examples=120, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(stage_tables(), st.booleans(), st.integers(0, 6), st.floats(1.0, 1.5))
+def test_a_live_bar_falling_mid_search_cuts_only_what_it_should(case, overlap, after, slack):
+    """A bar read before each pass that falls while the DP runs: above the optimum the answer
+    is the brute force's; below it, whenever it falls, the table is dominated."""
+    table, restr = case
+    brute = compose_groups_brute(table, restr, overlap)
+    if brute.objective is None:
+        return
+    above = _falling(after, brute.objective * slack + 1e-9)
+    assert _agree(compose_groups_dp(table, restr, overlap, live=above), brute)
+    below = compose_groups_dp(table, restr, overlap,
+                              live=_falling(after, brute.objective * (1 - 1e-9)))
+    if below.feasible:  # the bar fell after the last pass: the plan must beat nothing less
+        assert below.objective == pytest.approx(brute.objective, rel=1e-5)
+    else:
+        assert below.status == "dominated"

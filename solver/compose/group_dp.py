@@ -49,8 +49,8 @@ group, then the shortest slice.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
 from time import perf_counter
+from typing import Callable
 
 import numpy as np
 

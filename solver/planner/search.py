@@ -9,8 +9,7 @@ or CP-SAT / MILP). Without a fixed ``n_micro`` every divisor of the global batch
 :data:`solver.planner.candidates.MAX_AUTO_MICRO` is planned, largest first, and the best kept
 (ties: smaller ``n``, then the islands' view); the ``n_micro`` values may be searched by several
 processes that share the best plan (:mod:`solver.planner.fanout`), each search reading it as it
-runs, with the same result. What a run is made of
-is in :mod:`solver.planner.runs`.
+runs, with the same result. What a run is made of is in :mod:`solver.planner.runs`.
 """
 
 from __future__ import annotations

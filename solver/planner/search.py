@@ -139,9 +139,11 @@ def _plan_n(runs: list[PlanningRun], n: int, shared: SharedBest, upper: float,
     calls, proven, kept = 0, True, None
     for rank, r in enumerate(runs):
         key = (n, rank)
-        bar = _bar(shared.get(), key, upper)
-        found = search(r, bar, lambda: _bar(shared.get(), key, upper)) \
-            if plain and view_floor(r) < bar else None
+
+        def live(key: tuple[int, int] = key) -> float:  # what this run must beat, now
+            return _bar(shared.get(), key, upper)
+        bar = live()
+        found = search(r, bar, live) if plain and view_floor(r) < bar else None
         calls += r.cache.calls
         proven = proven and (found is None or found.optimal)
         if found is None or not found.result.feasible or not found.total < bar:

@@ -79,7 +79,7 @@ def _context(job: JobSpec, features: FeaturePreset, n: int, v: int, nodes: int,
     return PlanContext(job.training.seq_len, job.training.global_batch // n, n, 1,
                        job.planner.epsilon, job.model.layers // v, features,
                        schedule, v, job.planner.framework, job.training.precision,
-                       job.constraints)
+                       job.constraints.on_stages())
 
 
 def _best_of(plans: list[PartialPlan], job: JobSpec, n: int, v: int

@@ -308,6 +308,65 @@ class CachingParallelizer:
         return self._identity
 
 
+@dataclass
+class MemoParallelizer:
+    """A :class:`~solver.cost.parallelizer.Parallelizer` that remembers every answer in memory
+    for the many plans of one search: one model on one cluster. The replica search plans an
+    island at a share once per replica set the island is in, and those calls repeat
+    (:meth:`~solver.spec.constraints.Constraints.on_stages` keeps the island selection out of
+    the context). Keys are cheap because the scope is narrow: the slice's length and position,
+    the context, and the island by name, size and first and last node (names are unique in a
+    cluster, and a node group is named after its island with nodes of names of its own).
+    Answers are the inner parallelizer's, unchanged; a test checks that plans made through
+    it are the plans made without.
+
+    Attributes
+    ----------
+    inner : Parallelizer
+        The parallelizer called on a miss.
+    inner_calls, hits : int
+        Misses and calls answered from memory.
+    """
+
+    inner: Parallelizer
+    inner_calls: int = 0
+    hits: int = 0
+    _seen: dict = field(default_factory=dict, repr=False)
+
+    def _recall(self, key: tuple, compute) -> Any:
+        found = self._seen.get(key)
+        if found is None:
+            found = self._seen[key] = compute()
+            self.inner_calls += 1
+        else:
+            self.hits += 1
+        return found
+
+    @staticmethod
+    def _island(island: Island) -> tuple:
+        return island.name, len(island.nodes), island.nodes[0].node_id, island.nodes[-1].node_id
+
+    def plan(self, slice: ModelSlice, island: Island, context: PlanContext) -> list[PartialPlan]:
+        """The inner parallelizer's answer, remembered."""
+        key = ("plan", slice.layers, slice.has_embedding, slice.has_head, self._island(island),
+               context)
+        return self._recall(key, lambda: self.inner.plan(slice, island, context))
+
+    def plan_stages(self, model: ModelSpec, lengths: list[int], has_embedding: bool,
+                    has_head: bool, island: Island, context: PlanContext) -> list:
+        """The inner options per length (:func:`~solver.planner.candidates.stage_options`),
+        remembered per call."""
+        from solver.planner.candidates import stage_options
+        return self._recall(("stages", tuple(lengths), has_embedding, has_head,
+                             self._island(island), context),
+                            lambda: stage_options(self.inner, model, lengths, has_embedding,
+                                                  has_head, island, context))
+
+    def cache_identity(self) -> str:
+        """Remembering does not change answers: identify as the inner parallelizer."""
+        return parallelizer_identity(self.inner)
+
+
 def open_store(directory: Path | str | None) -> DirectoryStore:
     """The directory store at ``directory`` (default: :func:`default_cache_dir`)."""
     return DirectoryStore(Path(directory) if directory else default_cache_dir())

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from concurrent.futures import Executor, ProcessPoolExecutor
-from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from solver.cost.frameworks import profile
@@ -39,11 +37,11 @@ from solver.cost.parallelizer import Parallelizer
 from solver.planner.interleaved import pipeline_floor
 from solver.planner.candidates import MAX_AUTO_MICRO
 from solver.planner.plan import Plan, SolverInfo
-from solver.planner.replica_plan import (Replica, ReplicatedPlan, allreduce_s, replica_job,
+from solver.planner.replica_plan import (Replica, ReplicatedPlan, allreduce_s,
                                          validate_replicated)
-from solver.planner.search import PlannerConfig, job_islands, plan_job
+from solver.planner.replica_workers import ReplicaPlanner
+from solver.planner.search import PlannerConfig, job_islands
 from solver.spec.domain import Island, JobSpec
-from solver.spec.errors import InfeasibleError
 
 __all__ = ["ReplicaOptions", "share_unit", "partitions", "partition_bound", "share_window",
            "best_shares", "plan_replicas"]
@@ -166,31 +164,22 @@ def best_shares(times: Sequence[dict[int, float]], batch: int, unit: int
     return best.get(batch)
 
 
-def _plan_share(job: JobSpec, config: PlannerConfig, names: tuple[str, ...], share: int,
-                budget: float, parallelizer: Parallelizer | None = None) -> Plan | None:
-    """The replica's exact plan if one is faster than ``budget`` (module level: workers run it)."""
-    try:
-        return plan_job(replica_job(job, names, share), config, parallelizer=parallelizer,
-                        upper=budget)
-    except InfeasibleError:
-        return None
-
-
 def _key(group: Sequence[Island], share: int) -> tuple[tuple[str, ...], int]:
     """Memo key of a replica: its islands' names and its share."""
     return tuple(i.name for i in group), share
 
 
 class _Replicas:
-    """Replica plans by (islands, share), each planned once, in a pool when one is given.
+    """Replica plans by (islands, share), each planned once, by ``planner``.
 
     A replica is planned only for plans faster than the budget it is asked about; "none as
     fast" is remembered with its budget and answers every later ask at that budget or below;
-    a larger budget (another partition's all-reduce is smaller) plans again."""
+    a larger budget plans again (the search asks at the largest budget any partition can
+    still use, so it does not happen there). ``ahead``: shares per replica the window walk
+    plans at once (the planner's workers; one in this process)."""
 
-    def __init__(self, job: JobSpec, config: PlannerConfig, parallelizer: Parallelizer | None,
-                 pool: Executor | None = None):
-        self.job, self.config, self.par, self.pool = job, config, parallelizer, pool
+    def __init__(self, job: JobSpec, planner: ReplicaPlanner):
+        self.job, self.planner, self.ahead = job, planner, planner.parallel
         self.plans: dict[tuple[tuple[str, ...], int], Plan | float] = {}
         self.calls = 0
 
@@ -206,22 +195,21 @@ class _Replicas:
             self.plans[key] = plan
 
     def prefetch(self, asks: Sequence[tuple[tuple[Island, ...], int, float]]) -> None:
-        """Plan the asks :meth:`time` cannot answer yet, in parallel (a no-op without a pool)."""
+        """Plan the asks :meth:`time` cannot answer yet, side by side (a no-op in this
+        process)."""
         todo = {_key(g, b): u for g, b, u in asks}
         todo = {k: u for k, u in todo.items() if not self._known(k, u)}
-        if self.pool is None or len(todo) < 2:
+        if self.ahead < 2 or len(todo) < 2:
             return
-        futures = {k: self.pool.submit(_plan_share, self.job, self.config, k[0], k[1], u)
-                   for k, u in todo.items()}
-        for k, f in futures.items():
-            self._store(k, f.result(), todo[k])
+        for (k, u), plan in zip(todo.items(), self.planner.plan([(k[0], k[1], u)
+                                                                 for k, u in todo.items()])):
+            self._store(k, plan, u)
 
     def time(self, group: tuple[Island, ...], share: int, budget: float = math.inf) -> float:
         """The replica's iteration time, or ``inf`` when no plan is faster than ``budget``."""
         key = _key(group, share)
         if not self._known(key, budget):
-            self._store(key, _plan_share(self.job, self.config, key[0], share, budget, self.par),
-                        budget)
+            self._store(key, self.planner.plan([(key[0], share, budget)])[0], budget)
         got = self.plans[key]
         return got.iteration_time_s if isinstance(got, Plan) else math.inf
 
@@ -237,6 +225,7 @@ class _State:
     """The incumbent and the proof bookkeeping of one search."""
 
     value: float
+    least_allreduce: float = 0.0
     choice: tuple[Partition, tuple[int, ...]] | None = None
     settled: int = 0
     open_bound: float = math.inf
@@ -254,6 +243,9 @@ def _solve_partition(reps: _Replicas, part: Partition, unit: int, st: _State,
     job, batch = reps.job, reps.job.training.global_batch
     extra = allreduce_s(job, part)
     budget = st.value - extra
+    # Replicas are planned up to the largest budget any partition can still ask for (the
+    # smallest all-reduce), so each (islands, share) is planned once; times compare to ours.
+    ask = st.value - st.least_allreduce
     windows = share_window(job, part, unit, budget)
     if any(len(w) == 0 for w in windows):
         return True  # some replica has no share a better plan could use
@@ -261,17 +253,20 @@ def _solve_partition(reps: _Replicas, part: Partition, unit: int, st: _State,
     while True:  # shrink every window's top until each top beats the budget
         if any(his[r] < max(unit, batch - (sum(his) - his[r])) for r in range(len(part))):
             return True  # no shares of this partition beat the incumbent
-        asks = [(g, his[r], budget) for r, g in enumerate(part) if his[r] not in times[r]]
-        if not asks:
+        walking = [r for r in range(len(part)) if his[r] not in times[r]]
+        if not walking:
             break
         if time.perf_counter() > deadline:
             return False
-        reps.prefetch(asks)
+        # With workers, the shares just below each top are planned alongside it: a top that
+        # fails needs the next one, and one that holds has the exact pass plan those below.
+        reps.prefetch([(part[r], b, ask) for r in walking
+                       for b in range(his[r], max(0, his[r] - reps.ahead * unit), -unit)])
         for r, g in enumerate(part):
             if his[r] not in times[r]:
-                times[r][his[r]] = reps.time(g, his[r], budget)
+                times[r][his[r]] = reps.time(g, his[r], ask)
                 his[r] -= unit * (times[r][his[r]] >= budget)
-    asks = [(g, b, budget) for r, g in enumerate(part)
+    asks = [(g, b, ask) for r, g in enumerate(part)
             for b in range(max(unit, batch - (sum(his) - his[r])), his[r] + 1, unit)
             if b not in times[r]]
     for k in range(0, len(asks), 4):
@@ -279,7 +274,7 @@ def _solve_partition(reps: _Replicas, part: Partition, unit: int, st: _State,
             return False
         reps.prefetch(asks[k:k + 4])
         for g, b, _ in asks[k:k + 4]:
-            times[part.index(g)][b] = reps.time(g, b, budget)
+            times[part.index(g)][b] = reps.time(g, b, ask)
     found = best_shares(times, batch, unit)
     if found is not None and found[0] + extra < st.value * (1 - 1e-12):
         st.value, st.choice = found[0] + extra, (part, found[1])
@@ -303,9 +298,9 @@ def _try_proportional(reps: _Replicas, part: Partition, unit: int, st: _State) -
     shares = proportional_shares(reps.job, part, unit)
     if shares is None:
         return
-    extra = allreduce_s(reps.job, part)
-    reps.prefetch([(g, b, st.value - extra) for g, b in zip(part, shares)])
-    value = max(reps.time(g, b, st.value - extra) for g, b in zip(part, shares)) + extra
+    extra, ask = allreduce_s(reps.job, part), st.value - st.least_allreduce
+    reps.prefetch([(g, b, ask) for g, b in zip(part, shares)])
+    value = max(reps.time(g, b, ask) for g, b in zip(part, shares)) + extra
     if value < st.value * (1 - 1e-12):
         st.value, st.choice = value, (part, shares)
 
@@ -321,10 +316,8 @@ def plan_replicas(job: JobSpec, single: Plan, config: PlannerConfig = PlannerCon
     limit = 1 if profile(job.planner.framework).uniform_layout else \
         (job.constraints.max_replicas or len(islands))
     unit = share_unit(job, options.share_steps)
-    pooled = options.workers > 1 and parallelizer is None
-    config = replace(config, workers=1)  # the processes here are the replica search's own
-    with ProcessPoolExecutor(options.workers) if pooled else nullcontext() as pool:
-        reps = _Replicas(job, config, parallelizer, pool)
+    with ReplicaPlanner(job, config, unit, options.workers, parallelizer) as planner:
+        reps = _Replicas(job, planner)
         st = _search(reps, single, islands, limit, unit, start + options.time_limit_s)
     return _result(job, single, reps, st, unit, (st.total, islands), time.perf_counter() - start)
 
@@ -338,6 +331,7 @@ def _search(reps: _Replicas, single: Plan, islands: tuple[Island, ...], limit: i
     st.total = len(every)
     parts = sorted((p for p in every if all(holds_model(job, g) for g in p)),
                    key=lambda p: partition_bound(job, p))
+    st.least_allreduce = min((allreduce_s(job, p) for p in parts), default=0.0)
     # A good incumbent first narrows every window of the exact pass; the partitions of the
     # lowest bounds are the likely winners (a heuristic: the exact pass settles every one).
     for part in parts[:PROPORTIONAL_TRIES]:

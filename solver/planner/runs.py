@@ -119,14 +119,13 @@ def start_run(job: JobSpec, config: PlannerConfig, n_micro: int | None = None,
     if n is None:
         raise ValueError("n_micro must be fixed here; plan_job searches it")
     features = config.features or job.planner.features
-    isl = islands or build_islands(job.cluster, Thresholds.of(job.planner))
-    isl = _allowed_islands(job, isl)
+    isl = _allowed_islands(job, islands or cluster_islands(job))
     micro = job.training.global_batch // n
     by_name = {i.name: i for i in isl.islands}
     if cache is None:
         ctx = PlanContext(job.training.seq_len, micro, n, 1, job.planner.epsilon, 1, features,
                           framework=job.planner.framework, precision=job.training.precision,
-                          constraints=job.constraints)
+                          constraints=job.constraints.on_stages())
         cache = GroupCache(job.model, by_name, parallelizer or AnalyticParallelizer(features), ctx,
                            dedupe=Rule.DEDUPE in config.rules,
                            groups={} if groups is None else groups)
@@ -136,9 +135,15 @@ def start_run(job: JobSpec, config: PlannerConfig, n_micro: int | None = None,
     return PlanningRun(job, config, isl, cache, link_model(job, micro), n, view)
 
 
+def cluster_islands(job: JobSpec) -> IslandSet:
+    """Algorithm 1's islands of the job's cluster (they depend on the cluster and the
+    planner's thresholds only, so jobs on one cluster may share them)."""
+    return build_islands(job.cluster, Thresholds.of(job.planner))
+
+
 def job_islands(job: JobSpec) -> IslandSet:
     """Algorithm 1's islands of the job's cluster, after its ``[constraints]``."""
-    return _allowed_islands(job, build_islands(job.cluster, Thresholds.of(job.planner)))
+    return _allowed_islands(job, cluster_islands(job))
 
 
 def _allowed_islands(job: JobSpec, isl: IslandSet) -> IslandSet:
@@ -162,10 +167,10 @@ def _allowed_islands(job: JobSpec, isl: IslandSet) -> IslandSet:
 
 
 def views(job: JobSpec, config: PlannerConfig, n: int, parallelizer: Parallelizer,
-          groups: dict | None = None) -> list[PlanningRun]:
-    """The runs of one ``n_micro``: Algorithm 1's islands, then the whole cluster (``groups``:
-    see :func:`start_run`)."""
-    runs = [start_run(job, config, n, parallelizer, groups=groups)]
+          groups: dict | None = None, islands: IslandSet | None = None) -> list[PlanningRun]:
+    """The runs of one ``n_micro``: Algorithm 1's islands (``islands``, when built already:
+    :func:`cluster_islands`), then the whole cluster (``groups``: see :func:`start_run`)."""
+    runs = [start_run(job, config, n, parallelizer, islands, groups=groups)]
     restricted = job.constraints.islands is not None or job.constraints.exclude_islands is not None
     if config.whole_cluster and len(runs[0].islands.islands) > 1 and not restricted:
         # Groups of equal figures share their options across views (the cache is keyed so).

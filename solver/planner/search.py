@@ -27,14 +27,14 @@ from solver.compose.table import Position, slice_position
 from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, stage_costs
-from solver.islands import group_island, node_key
+from solver.islands import IslandSet, group_island, node_key
 from solver.planner.candidates import TableSpec, build_stage_table, candidate_n_micro
 from solver.planner.fanout import SharedBest, fan_out
 from solver.planner.interleaved import best_interleaved, pipeline_floor
 from solver.planner.plan import Plan, SolverInfo, StagePlan
 from solver.planner.reasons import explain_infeasible, idle_nodes
 from solver.planner.runs import (REL_TIE, VIEW_ISLANDS, VIEW_WHOLE, Composed, PlannerConfig,
-                                 PlanningRun, job_islands, start_run, views)
+                                 PlanningRun, cluster_islands, job_islands, start_run, views)
 from solver.planner.pruning import (Rule, balance_window, bound_window, interface_bans,
                                     interface_bans_safe, layer_work_flops, memory_cap,
                                     stage_time_lb)
@@ -49,13 +49,15 @@ __all__ = ["REL_TIE", "VIEW_ISLANDS", "VIEW_WHOLE", "PlannerConfig", "PlanningRu
 
 def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int | None = None,
              parallelizer: Parallelizer | None = None, run: PlanningRun | None = None,
-             upper: float = math.inf) -> Plan:
+             upper: float = math.inf, islands: IslandSet | None = None) -> Plan:
     """Plan ``job`` exactly (``n_micro`` searched unless fixed); validated before it is returned.
 
     ``upper``: only plans faster than this many seconds per iteration are sought (the search
     cuts everything else); the optimum is returned when it is faster. With ``config.workers``
     > 1 (and no ``parallelizer`` given) the ``n_micro`` values are searched by that many
     processes sharing the best plan (:mod:`solver.planner.fanout`); the plan is the same.
+    ``islands``: Algorithm 1's islands of the job's cluster, when built already
+    (:func:`~solver.planner.runs.cluster_islands`; built once here otherwise).
 
     Raises
     ------
@@ -68,8 +70,9 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
     ns = [run.n_micro] if run is not None else ([fixed] if fixed else
                                                  search_order(candidate_n_micro(job)))
     memo: dict = {}  # node groups, the same at every n
+    isl = islands or (cluster_islands(job) if run is None else None)
     runs_of = (lambda n: [run]) if run is not None else \
-        (lambda n: views(job, config, n, par, memo))
+        (lambda n: views(job, config, n, par, memo, isl))
     # Node-group composition where the runtime runs a layout per stage (FlagScale); a runtime
     # of one layout (Megatron-Core) gets one-mesh plans only (planner.interleaved).
     plain = job.constraints.allows_schedule(Schedule.ONE_F_ONE_B) and \

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: domain imports this module
@@ -64,6 +64,13 @@ class Constraints:
         if self.islands is not None and not names & set(self.islands):
             return False
         return not (self.exclude_islands and names & set(self.exclude_islands))
+
+    def on_stages(self) -> "Constraints":
+        """The limits a stage's options depend on: these without the island selection and the
+        replica count. Planning contexts carry them, so jobs that differ only in their islands
+        (the replicas of :mod:`solver.planner.replicas`) ask the parallelizer the same
+        questions about the islands they share."""
+        return replace(self, islands=None, exclude_islands=None, max_replicas=None)
 
     def allows_depth(self, depth: int) -> bool:
         """Whether a pipeline of ``depth`` stages in all is allowed (``pp`` and ``max_stages``)."""

@@ -7,7 +7,9 @@ import math
 
 import pytest
 
+import solver.planner.replica_workers as replica_workers
 import solver.planner.replicas as replicas
+from solver.planner.replica_workers import ReplicaPlanner
 from solver.planner.replicas import (_Replicas, _note, _State, best_shares, holds_model,
                                      partition_bound, proportional_shares, replica_floor,
                                      share_window)
@@ -43,6 +45,11 @@ def test_share_dp_breaks_ties_towards_the_first_vector_found():
     assert best_shares([{1: 1.0, 2: 1.0}, {1: 1.0, 2: 1.0}], 3, 1) == (1.0, (1, 2))
 
 
+def _in_process(job, unit=8):
+    """The replica memo of a search planning in this process."""
+    return _Replicas(job, ReplicaPlanner(job, PlannerConfig(), unit))
+
+
 class _Counting:
     def __init__(self):
         self.calls = 0
@@ -54,10 +61,10 @@ class _Counting:
 
 def test_replica_memo_plans_once_and_remembers_budgets(job, monkeypatch):
     counter = _Counting()
-    monkeypatch.setattr(replicas, "plan_job", counter)
+    monkeypatch.setattr(replica_workers, "plan_job", counter)
     group = (job_islands(job).islands[2],)
     exact = plan_job(replica_job(job, group, 16)).iteration_time_s
-    reps = _Replicas(job, PlannerConfig(), None)
+    reps = _in_process(job)
     # Below the optimum: nothing as fast, remembered for this and smaller budgets.
     assert reps.time(group, 16, exact * 0.5) == math.inf and counter.calls == 1
     assert reps.time(group, 16, exact * 0.5) == math.inf and counter.calls == 1
@@ -88,7 +95,8 @@ def test_replica_memo_uses_the_given_config_and_parallelizer(job):
 
     spy = Spy()
     group = (job_islands(job).islands[2],)
-    reps = _Replicas(job, PlannerConfig(features=FeaturePreset.METIS), spy)
+    reps = _Replicas(job, ReplicaPlanner(job, PlannerConfig(features=FeaturePreset.METIS), 8,
+                                         parallelizer=spy))
     reps.time(group, 16)
     assert spy.calls > 0
     plan = reps.plan(group, 16)
@@ -160,19 +168,18 @@ def test_two_workers_find_the_same_plan(job):
     assert two.solver.optimal and two.partitions == one.partitions
 
 
-def test_prefetch_fills_the_memo_from_the_pool(job):
-    from concurrent.futures import ProcessPoolExecutor
+def test_prefetch_fills_the_memo_from_the_workers(job):
     isl = job_islands(job).islands
     a, c = (isl[0],), (isl[2],)
     exact = plan_job(replica_job(job, c, 16)).iteration_time_s
-    with ProcessPoolExecutor(2) as pool:
-        reps = _Replicas(job, PlannerConfig(), None, pool)
+    with ReplicaPlanner(job, PlannerConfig(), 8, workers=2) as planner:
+        reps = _Replicas(job, planner)
         reps.prefetch([(a, 16, math.inf), (c, 16, exact * 0.5)])
         # Both answered without planning here: a plan for one, "none below" for the other.
         assert isinstance(reps.plans[(("i0-H200-SXM-141GB",), 16)], replicas.Plan)
         assert reps.plans[((c[0].name,), 16)] == exact * 0.5
         assert reps.calls == reps.plans[(("i0-H200-SXM-141GB",), 16)].solver.parallelizer_calls
-    alone = _Replicas(job, PlannerConfig(), None)  # no pool: nothing planned ahead
+    alone = _in_process(job)  # no workers: nothing planned ahead
     alone.prefetch([(a, 16, math.inf), (c, 16, math.inf)])
     assert alone.plans == {}
 
@@ -185,7 +192,7 @@ def test_proportional_incumbent_by_hand(job):
     extra = allreduce_s(job, part)
     value = max(plan_job(replica_job(job, g, b)).iteration_time_s
                 for g, b in zip(part, shares)) + extra
-    reps = _Replicas(job, PlannerConfig(), None)
+    reps = _in_process(job)
     st = _State(value * 1.5)
     _try_proportional(reps, part, 8, st)
     assert st.value == pytest.approx(value) and st.choice == (part, shares)
@@ -200,7 +207,7 @@ def test_a_partition_below_every_floor_is_settled_without_planning(job):
     isl = job_islands(job).islands
     part = ((isl[0],), (isl[2],))
     extra = allreduce_s(job, part)
-    reps = _Replicas(job, PlannerConfig(), None)
+    reps = _in_process(job)
     st = _State(extra * 1.01)  # leaves 1% of the all-reduce for the replicas: nothing fits
     assert _solve_partition(reps, part, 8, st, math.inf) is True
     assert reps.plans == {} and st.choice is None
@@ -222,7 +229,7 @@ def test_one_partition_solved_from_scratch_equals_its_brute_force(job):
     isl = job_islands(job).islands
     part = ((isl[0],), (isl[2],))
     extra = allreduce_s(job, part)
-    reps = _Replicas(job, PlannerConfig(), None)
+    reps = _in_process(job)
     st = _State(math.inf)
     assert _solve_partition(reps, part, 8, st, math.inf) is True
     t = {(g, b): plan_job(replica_job(job, g, b)).iteration_time_s
@@ -232,7 +239,7 @@ def test_one_partition_solved_from_scratch_equals_its_brute_force(job):
     assert st.value == pytest.approx(brute[0]) and st.choice == (part, brute[1])
     assert len(reps.plans) == 14  # every share of both replicas was planned
     stopped = _State(math.inf)
-    assert _solve_partition(_Replicas(job, PlannerConfig(), None), part, 8, stopped, 0.0) is False
+    assert _solve_partition(_in_process(job), part, 8, stopped, 0.0) is False
 
 
 def test_partitions_of_three_islands_by_hand(job):
@@ -268,29 +275,39 @@ def test_plan_replicas_passes_the_parallelizer_and_reports_its_own_time(job):
     assert single.solver.time_s <= rp.solver.time_s <= single.solver.time_s + wall
 
 
-def test_a_pool_is_started_only_for_several_workers_and_no_parallelizer(job, monkeypatch):
-    from concurrent.futures import ThreadPoolExecutor
+def test_workers_are_started_only_for_several_workers_and_no_parallelizer(job, monkeypatch):
     from solver.cost.parallelizer import AnalyticParallelizer
     from solver.planner.replicas import ReplicaOptions, plan_replicas
-    started, asked = [], []
+    started, sent = [], []
+    enter, plan = ReplicaPlanner.__enter__, ReplicaPlanner.plan
 
-    class Recording(ThreadPoolExecutor):
-        def __init__(self, workers):
-            started.append(workers)
-            super().__init__(workers)
+    def recording_enter(self):
+        got = enter(self)
+        started.append(len(self._conns))
+        return got
 
-        def submit(self, *a, **k):
-            asked.append(a[3:5])
-            return super().submit(*a, **k)
+    def recording_plan(self, asks):
+        sent.extend(asks if self._conns else [])
+        return plan(self, asks)
 
-    monkeypatch.setattr(replicas, "ProcessPoolExecutor", Recording)
+    monkeypatch.setattr(ReplicaPlanner, "__enter__", recording_enter)
+    monkeypatch.setattr(ReplicaPlanner, "plan", recording_plan)
     single = plan_job(job)
     plan_replicas(job, single, options=ReplicaOptions(share_steps=8, workers=2))
-    assert started == [2] and asked  # the pool planned shares
+    assert started == [2] and sent  # the workers planned shares
     plan_replicas(job, single, options=ReplicaOptions(share_steps=8, workers=1))
     plan_replicas(job, single, parallelizer=AnalyticParallelizer(FeaturePreset.FULL),
                   options=ReplicaOptions(share_steps=8, workers=2))
-    assert started == [2]
+    assert started == [2, 0, 0]
+
+
+def test_a_worker_error_is_raised_in_the_search(job):
+    from solver.spec.errors import InputError
+    with ReplicaPlanner(job, PlannerConfig(), 8, workers=2) as planner:
+        with pytest.raises(InputError, match="no island"):
+            planner.plan([(("no-such-island",), 16, math.inf), (("no-such-island",), 24, 1.0)])
+        group = (job_islands(job).islands[2].name,)
+        assert planner.plan([(group, 16, math.inf)])[0] is not None  # the workers live on
 
 
 def test_holds_model_boundary_by_hand(job):

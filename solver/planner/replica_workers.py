@@ -1,0 +1,131 @@
+"""Planning the replicas of the replica search: in this process, or in long-lived workers.
+
+A replica (a set of islands and a batch share) is planned as a job of its own
+(:func:`plan_share`). The search plans hundreds of them on one cluster, and an island at a
+share is planned again for every island set it belongs to; so every planner here keeps one
+:class:`~solver.planner.plancache.MemoParallelizer` for all its replicas. Workers are
+processes that live as long as the search, each with its own memo in its own loop
+(:func:`_serve`); a share goes to its own worker (share units ``mod`` workers) unless that
+one is busy and another idles, so the island sets planned at one share mostly meet the same
+memo. The plans are the same with any number
+of workers.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from dataclasses import replace
+from multiprocessing.connection import Connection, wait
+from typing import Sequence
+
+from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer
+from solver.islands import IslandSet
+from solver.planner.plan import Plan
+from solver.planner.plancache import MemoParallelizer
+from solver.planner.replica_plan import replica_job
+from solver.planner.runs import PlannerConfig, cluster_islands
+from solver.planner.search import plan_job
+from solver.spec.domain import JobSpec
+from solver.spec.errors import InfeasibleError
+
+__all__ = ["Ask", "plan_share", "ReplicaPlanner"]
+
+Ask = tuple[tuple[str, ...], int, float]  # (island names, share, budget)
+_FAILED = "failed"  # what a worker sends back for an ask whose planning raised
+
+
+def plan_share(job: JobSpec, config: PlannerConfig, ask: Ask, islands: IslandSet,
+               parallelizer: Parallelizer) -> Plan | None:
+    """The replica's exact plan if one is faster than the ask's budget, else None
+    (``islands``: the cluster's, built once for every replica)."""
+    names, share, budget = ask
+    try:
+        return plan_job(replica_job(job, names, share), config, parallelizer=parallelizer,
+                        upper=budget, islands=islands)
+    except InfeasibleError:
+        return None
+
+
+def _memo(job: JobSpec, config: PlannerConfig) -> MemoParallelizer:
+    return MemoParallelizer(AnalyticParallelizer(config.features or job.planner.features))
+
+
+def _serve(conn: Connection, job: JobSpec, config: PlannerConfig, islands: IslandSet) -> None:
+    """A worker's loop: plan each ask received, send the plan back; stop on None."""
+    par = _memo(job, config)
+    while (ask := conn.recv()) is not None:
+        try:
+            conn.send(plan_share(job, config, ask, islands, par))
+        except Exception:  # noqa: BLE001 - the searching process plans it again, and raises
+            conn.send(_FAILED)
+    conn.close()
+
+
+class ReplicaPlanner:
+    """Plans asks in this process (``workers <= 1`` or a given parallelizer) or in workers.
+
+    Use as a context manager: the workers are started on entry and stopped on exit.
+    """
+
+    def __init__(self, job: JobSpec, config: PlannerConfig, unit: int, workers: int = 1,
+                 parallelizer: Parallelizer | None = None):
+        self.job, self.islands, self.unit = job, cluster_islands(job), unit
+        self.config = replace(config, workers=1)  # the processes here are the search's own
+        self.par = parallelizer or _memo(job, self.config)
+        self.workers = workers if parallelizer is None and workers > 1 else 1
+        self._conns: list[Connection] = []
+        self._procs: list = []
+
+    def __enter__(self) -> "ReplicaPlanner":
+        for _ in range(self.workers if self.workers > 1 else 0):
+            mine, theirs = multiprocessing.Pipe()
+            proc = multiprocessing.Process(target=_serve, daemon=True,
+                                           args=(theirs, self.job, self.config, self.islands))
+            proc.start()
+            theirs.close()
+            self._conns.append(mine)
+            self._procs.append(proc)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for conn in self._conns:
+            try:
+                conn.send(None)
+            except OSError:  # the worker is gone already
+                pass
+            conn.close()
+        for proc in self._procs:
+            proc.join()
+
+    def plan(self, asks: Sequence[Ask]) -> list[Plan | None]:
+        """The plan of every ask (None: none faster than its budget), in order.
+
+        Each idle worker takes the first waiting ask of its own shares, else the first
+        waiting ask: the memo is reused where it can be, and no worker idles while asks
+        wait."""
+        if not self._conns:
+            return [plan_share(self.job, self.config, a, self.islands, self.par) for a in asks]
+        waiting, busy = list(range(len(asks))), {}
+        got: list = [None] * len(asks)
+        while waiting or busy:
+            for conn in self._conns:
+                if conn not in busy and waiting:
+                    own = [i for i in waiting if self._home(asks[i]) is conn]
+                    busy[conn] = (own or waiting)[0]
+                    waiting.remove(busy[conn])
+                    conn.send(asks[busy[conn]])
+            for conn in wait(list(busy)):
+                got[busy.pop(conn)] = conn.recv()
+        # An ask that failed in a worker is planned here, in order, so its own error is raised.
+        return [plan_share(self.job, self.config, a, self.islands, self.par)
+                if isinstance(g, str)
+                else g for a, g in zip(asks, got)]
+
+    def _home(self, ask: Ask) -> Connection:
+        """The worker whose memo has the ask's share (share units ``mod`` workers)."""
+        return self._conns[ask[1] // self.unit % len(self._conns)]
+
+    @property
+    def parallel(self) -> int:
+        """Asks worth sending at once (the workers; one in this process)."""
+        return max(1, len(self._conns))

@@ -324,22 +324,28 @@ class MemoParallelizer:
     ----------
     inner : Parallelizer
         The parallelizer called on a miss.
+    max_entries : int
+        Answers kept; past it the oldest is forgotten (a fleet's search would otherwise hold
+        gigabytes of options).
     inner_calls, hits : int
         Misses and calls answered from memory.
     """
 
     inner: Parallelizer
+    max_entries: int = 30_000
     inner_calls: int = 0
     hits: int = 0
     _seen: dict = field(default_factory=dict, repr=False)
 
     def _recall(self, key: tuple, compute) -> Any:
         found = self._seen.get(key)
-        if found is None:
-            found = self._seen[key] = compute()
-            self.inner_calls += 1
-        else:
+        if found is not None:
             self.hits += 1
+            return found
+        found = self._seen[key] = compute()
+        self.inner_calls += 1
+        if len(self._seen) > self.max_entries:
+            del self._seen[next(iter(self._seen))]  # the oldest answer
         return found
 
     @staticmethod

@@ -43,8 +43,8 @@ from solver.planner.replica_workers import ReplicaPlanner
 from solver.planner.search import PlannerConfig, job_islands
 from solver.spec.domain import Island, JobSpec
 
-__all__ = ["ReplicaOptions", "share_unit", "partitions", "partition_bound", "share_window",
-           "best_shares", "plan_replicas"]
+__all__ = ["ReplicaOptions", "share_unit", "partitions", "partition_bound", "ranked_partitions",
+           "share_window", "best_shares", "plan_replicas"]
 
 Partition = tuple[tuple[Island, ...], ...]
 PROPORTIONAL_TRIES = 4  # partitions tried with proportional shares before the exact pass
@@ -127,6 +127,21 @@ def partition_bound(job: JobSpec, part: Partition) -> float:
     batch = job.training.global_batch
     rate = sum(1.0 / replica_floor(job, g, batch) for g in part)
     return allreduce_s(job, part) + 1.0 / rate
+
+
+def ranked_partitions(job: JobSpec, every: Sequence[Partition]) -> list[tuple[float, Partition]]:
+    """``(partition_bound, partition)`` of the partitions whose every set holds the model
+    (:func:`holds_model`), lowest bound first (ties in the given order). Each set's floor and
+    memory are computed once: a fleet has tens of thousands of partitions of a few hundred
+    sets."""
+    batch, rate, holds = job.training.global_batch, {}, {}
+    named = [[(tuple(i.name for i in g), g) for g in part] for part in every]  # cheap keys
+    for key, g in (pair for part in named for pair in part):
+        if key not in rate:
+            rate[key], holds[key] = 1.0 / replica_floor(job, g, batch), holds_model(job, g)
+    kept = [(p, n) for p, n in zip(every, named) if all(holds[k] for k, _ in n)]
+    bounds = [allreduce_s(job, p) + 1.0 / sum(rate[k] for k, _ in n) for p, n in kept]
+    return sorted(zip(bounds, (p for p, _ in kept)), key=lambda x: x[0])
 
 
 def share_window(job: JobSpec, part: Partition, unit: int, budget: float) -> list[range]:
@@ -329,17 +344,16 @@ def _search(reps: _Replicas, single: Plan, islands: tuple[Island, ...], limit: i
     st = _State(single.iteration_time_s)
     every = list(partitions(islands, limit))
     st.total = len(every)
-    parts = sorted((p for p in every if all(holds_model(job, g) for g in p)),
-                   key=lambda p: partition_bound(job, p))
+    ranked = ranked_partitions(job, every)
+    parts = [p for _, p in ranked]
     st.least_allreduce = min((allreduce_s(job, p) for p in parts), default=0.0)
     # A good incumbent first narrows every window of the exact pass; the partitions of the
     # lowest bounds are the likely winners (a heuristic: the exact pass settles every one).
-    for part in parts[:PROPORTIONAL_TRIES]:
-        if time.perf_counter() > deadline or partition_bound(job, part) >= st.value:
+    for bound, part in ranked[:PROPORTIONAL_TRIES]:
+        if time.perf_counter() > deadline or bound >= st.value:
             break
         _try_proportional(reps, part, unit, st)
-    for k, part in enumerate(parts):
-        bound = partition_bound(job, part)
+    for k, (bound, part) in enumerate(ranked):
         if bound >= st.value:
             st.settled = len(parts)  # every later bound is at least this one
             break

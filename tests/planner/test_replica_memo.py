@@ -43,3 +43,11 @@ def test_stage_constraints_leave_out_the_island_selection():
                     max_replicas=1, max_stages=4)
     assert c.on_stages() == Constraints(tp=(1, 2), zero=(1,), max_stages=4)
     assert Constraints(islands=("a",)).on_stages() == Constraints(islands=("b",)).on_stages()
+
+
+def test_the_memo_forgets_its_oldest_answers_past_its_size(tmp_path):
+    job = load_job(_write(tmp_path, batch=32))
+    memo = MemoParallelizer(AnalyticParallelizer(job.planner.features), max_entries=3)
+    plain = plan_job(job)
+    assert plan_job(job, parallelizer=memo).iteration_time_s == plain.iteration_time_s
+    assert len(memo._seen) == 3 and memo.inner_calls > 3

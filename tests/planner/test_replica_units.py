@@ -333,3 +333,17 @@ def test_result_reports_gap_name_calls_and_the_single_plans_islands(job):
     used = tuple(i for i in single.islands.islands
                  if any(s.island.name == i.name for s in single.stages))
     assert stopped.replicas[0].islands == used and stopped.replicas[0].plan is single
+
+
+@pytest.mark.parametrize("layers_times", [1, 12])
+def test_ranked_partitions_are_the_bounds_sorted_after_the_memory_cut(job, layers_times):
+    from dataclasses import replace
+    from solver.planner.replicas import partitions, ranked_partitions
+    big = replace(job, model=replace(job.model, layers=job.model.layers * layers_times))
+    every = list(partitions(job_islands(big).islands, 3))
+    expect = sorted((p for p in every if all(holds_model(big, g) for g in p)),
+                    key=lambda p: partition_bound(big, p))
+    got = ranked_partitions(big, every)
+    assert [p for _, p in got] == expect
+    assert [b for b, _ in got] == [partition_bound(big, p) for p in expect]
+    assert layers_times == 1 or len(expect) < len(every)  # 12 x 7B: some sets cannot hold it

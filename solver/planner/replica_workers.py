@@ -1,4 +1,5 @@
-"""Planning the replicas of the replica search: in this process, or in long-lived workers.
+"""Planning the replicas of the replica search: in this process or in long-lived workers, and
+the memo of their plans by (islands, share) with its budget semantics (:class:`ReplicaMemo`).
 
 A replica (a set of islands and a batch share) is planned as a job of its own
 (:func:`plan_share`). The search plans hundreds of them on one cluster, and an island at a
@@ -13,6 +14,7 @@ of workers.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 from dataclasses import replace
 from multiprocessing.connection import Connection, wait
@@ -25,10 +27,10 @@ from solver.planner.plancache import MemoParallelizer
 from solver.planner.replica_plan import replica_job
 from solver.planner.runs import PlannerConfig, cluster_islands
 from solver.planner.search import plan_job
-from solver.spec.domain import JobSpec
+from solver.spec.domain import Island, JobSpec
 from solver.spec.errors import InfeasibleError
 
-__all__ = ["Ask", "plan_share", "ReplicaPlanner"]
+__all__ = ["Ask", "plan_share", "ReplicaPlanner", "ReplicaMemo"]
 
 Ask = tuple[tuple[str, ...], int, float]  # (island names, share, budget)
 _FAILED = "failed"  # what a worker sends back for an ask whose planning raised
@@ -129,3 +131,59 @@ class ReplicaPlanner:
     def parallel(self) -> int:
         """Asks worth sending at once (the workers; one in this process)."""
         return max(1, len(self._conns))
+
+
+def _key(group: Sequence[Island], share: int) -> tuple[tuple[str, ...], int]:
+    """Memo key of a replica: its islands' names and its share."""
+    return tuple(i.name for i in group), share
+
+
+class ReplicaMemo:
+    """Replica plans by (islands, share), each planned once, by ``planner``.
+
+    A replica is planned only for plans faster than the budget it is asked about; "none as
+    fast" is remembered with its budget and answers every later ask at that budget or below;
+    a larger budget plans again (the search asks at the largest budget any partition can
+    still use, so it does not happen there). ``ahead``: shares per replica the window walk
+    plans at once (the planner's workers; one in this process)."""
+
+    def __init__(self, job: JobSpec, planner: ReplicaPlanner):
+        self.job, self.planner, self.ahead = job, planner, planner.parallel
+        self.plans: dict[tuple[tuple[str, ...], int], Plan | float] = {}
+        self.calls = 0
+
+    def _known(self, key: tuple[tuple[str, ...], int], budget: float) -> bool:
+        got = self.plans.get(key)
+        return isinstance(got, Plan) or (got is not None and budget <= got)
+
+    def _store(self, key: tuple[tuple[str, ...], int], plan: Plan | None, budget: float) -> None:
+        if plan is None:
+            self.plans[key] = budget
+        else:
+            self.calls += plan.solver.parallelizer_calls
+            self.plans[key] = plan
+
+    def prefetch(self, asks: Sequence[tuple[tuple[Island, ...], int, float]]) -> None:
+        """Plan the asks :meth:`time` cannot answer yet, side by side (a no-op in this
+        process)."""
+        todo = {_key(g, b): u for g, b, u in asks}
+        todo = {k: u for k, u in todo.items() if not self._known(k, u)}
+        if self.ahead < 2 or len(todo) < 2:
+            return
+        for (k, u), plan in zip(todo.items(), self.planner.plan([(k[0], k[1], u)
+                                                                 for k, u in todo.items()])):
+            self._store(k, plan, u)
+
+    def time(self, group: tuple[Island, ...], share: int, budget: float = math.inf) -> float:
+        """The replica's iteration time, or ``inf`` when no plan is faster than ``budget``."""
+        key = _key(group, share)
+        if not self._known(key, budget):
+            self._store(key, self.planner.plan([(key[0], share, budget)])[0], budget)
+        got = self.plans[key]
+        return got.iteration_time_s if isinstance(got, Plan) else math.inf
+
+    def plan(self, group: tuple[Island, ...], share: int) -> Plan:
+        """The plan found by :meth:`time` for shares that won."""
+        got = self.plans[_key(group, share)]
+        assert isinstance(got, Plan)
+        return got

@@ -39,7 +39,7 @@ from solver.planner.candidates import MAX_AUTO_MICRO
 from solver.planner.plan import Plan, SolverInfo
 from solver.planner.replica_plan import (Replica, ReplicatedPlan, allreduce_s,
                                          validate_replicated)
-from solver.planner.replica_workers import ReplicaPlanner
+from solver.planner.replica_workers import ReplicaMemo, ReplicaPlanner
 from solver.planner.search import PlannerConfig, job_islands
 from solver.spec.domain import Island, JobSpec
 
@@ -179,62 +179,6 @@ def best_shares(times: Sequence[dict[int, float]], batch: int, unit: int
     return best.get(batch)
 
 
-def _key(group: Sequence[Island], share: int) -> tuple[tuple[str, ...], int]:
-    """Memo key of a replica: its islands' names and its share."""
-    return tuple(i.name for i in group), share
-
-
-class _Replicas:
-    """Replica plans by (islands, share), each planned once, by ``planner``.
-
-    A replica is planned only for plans faster than the budget it is asked about; "none as
-    fast" is remembered with its budget and answers every later ask at that budget or below;
-    a larger budget plans again (the search asks at the largest budget any partition can
-    still use, so it does not happen there). ``ahead``: shares per replica the window walk
-    plans at once (the planner's workers; one in this process)."""
-
-    def __init__(self, job: JobSpec, planner: ReplicaPlanner):
-        self.job, self.planner, self.ahead = job, planner, planner.parallel
-        self.plans: dict[tuple[tuple[str, ...], int], Plan | float] = {}
-        self.calls = 0
-
-    def _known(self, key: tuple[tuple[str, ...], int], budget: float) -> bool:
-        got = self.plans.get(key)
-        return isinstance(got, Plan) or (got is not None and budget <= got)
-
-    def _store(self, key: tuple[tuple[str, ...], int], plan: Plan | None, budget: float) -> None:
-        if plan is None:
-            self.plans[key] = budget
-        else:
-            self.calls += plan.solver.parallelizer_calls
-            self.plans[key] = plan
-
-    def prefetch(self, asks: Sequence[tuple[tuple[Island, ...], int, float]]) -> None:
-        """Plan the asks :meth:`time` cannot answer yet, side by side (a no-op in this
-        process)."""
-        todo = {_key(g, b): u for g, b, u in asks}
-        todo = {k: u for k, u in todo.items() if not self._known(k, u)}
-        if self.ahead < 2 or len(todo) < 2:
-            return
-        for (k, u), plan in zip(todo.items(), self.planner.plan([(k[0], k[1], u)
-                                                                 for k, u in todo.items()])):
-            self._store(k, plan, u)
-
-    def time(self, group: tuple[Island, ...], share: int, budget: float = math.inf) -> float:
-        """The replica's iteration time, or ``inf`` when no plan is faster than ``budget``."""
-        key = _key(group, share)
-        if not self._known(key, budget):
-            self._store(key, self.planner.plan([(key[0], share, budget)])[0], budget)
-        got = self.plans[key]
-        return got.iteration_time_s if isinstance(got, Plan) else math.inf
-
-    def plan(self, group: tuple[Island, ...], share: int) -> Plan:
-        """The plan found by :meth:`time` for shares that won."""
-        got = self.plans[_key(group, share)]
-        assert isinstance(got, Plan)
-        return got
-
-
 @dataclass
 class _State:
     """The incumbent and the proof bookkeeping of one search."""
@@ -247,7 +191,7 @@ class _State:
     total: int = 0
 
 
-def _solve_partition(reps: _Replicas, part: Partition, unit: int, st: _State,
+def _solve_partition(reps: ReplicaMemo, part: Partition, unit: int, st: _State,
                      deadline: float) -> bool:
     """Improve ``st`` with the best shares of ``part``; False when the deadline stopped it.
 
@@ -265,22 +209,9 @@ def _solve_partition(reps: _Replicas, part: Partition, unit: int, st: _State,
     if any(len(w) == 0 for w in windows):
         return True  # some replica has no share a better plan could use
     his, times = [w[-1] for w in windows], [dict() for _ in part]
-    while True:  # shrink every window's top until each top beats the budget
-        if any(his[r] < max(unit, batch - (sum(his) - his[r])) for r in range(len(part))):
-            return True  # no shares of this partition beat the incumbent
-        walking = [r for r in range(len(part)) if his[r] not in times[r]]
-        if not walking:
-            break
-        if time.perf_counter() > deadline:
-            return False
-        # With workers, the shares just below each top are planned alongside it: a top that
-        # fails needs the next one, and one that holds has the exact pass plan those below.
-        reps.prefetch([(part[r], b, ask) for r in walking
-                       for b in range(his[r], max(0, his[r] - reps.ahead * unit), -unit)])
-        for r, g in enumerate(part):
-            if his[r] not in times[r]:
-                times[r][his[r]] = reps.time(g, his[r], ask)
-                his[r] -= unit * (times[r][his[r]] >= budget)
+    shrunk = _shrink_tops(reps, part, unit, (budget, ask), (his, times), deadline)
+    if shrunk is not None:
+        return shrunk
     asks = [(g, b, ask) for r, g in enumerate(part)
             for b in range(max(unit, batch - (sum(his) - his[r])), his[r] + 1, unit)
             if b not in times[r]]
@@ -296,6 +227,31 @@ def _solve_partition(reps: _Replicas, part: Partition, unit: int, st: _State,
     return True
 
 
+def _shrink_tops(reps: ReplicaMemo, part: Partition, unit: int, budgets: tuple[float, float],
+                 state: tuple[list[int], list[dict[int, float]]], deadline: float
+                 ) -> bool | None:
+    """Walk every window's top (``his``, planned times in ``times``) down until each top
+    beats ``budget``; planned at ``ask``. None when the tops hold, else what
+    :func:`_solve_partition` returns (True: settled, no shares beat the incumbent; False:
+    the deadline)."""
+    (budget, ask), (his, times), batch = budgets, state, reps.job.training.global_batch
+    while True:
+        if any(his[r] < max(unit, batch - (sum(his) - his[r])) for r in range(len(part))):
+            return True  # no shares of this partition beat the incumbent
+        walking = [r for r in range(len(part)) if his[r] not in times[r]]
+        if not walking:
+            return None
+        if time.perf_counter() > deadline:
+            return False
+        # With workers, the shares just below each top are planned alongside it: a top that
+        # fails needs the next one, and one that holds has the exact pass plan those below.
+        reps.prefetch([(part[r], b, ask) for r in walking
+                       for b in range(his[r], max(0, his[r] - reps.ahead * unit), -unit)])
+        for r in walking:
+            times[r][his[r]] = reps.time(part[r], his[r], ask)
+            his[r] -= unit * (times[r][his[r]] >= budget)
+
+
 def proportional_shares(job: JobSpec, part: Partition, unit: int) -> tuple[int, ...] | None:
     """Shares in proportion to the replicas' floor rates, in whole units (None: too few units)."""
     units = job.training.global_batch // unit
@@ -307,7 +263,7 @@ def proportional_shares(job: JobSpec, part: Partition, unit: int) -> tuple[int, 
     return tuple(k * unit for k in raw) if min(raw) >= 1 else None
 
 
-def _try_proportional(reps: _Replicas, part: Partition, unit: int, st: _State) -> None:
+def _try_proportional(reps: ReplicaMemo, part: Partition, unit: int, st: _State) -> None:
     """Improve ``st`` with the proportional shares of ``part`` (a heuristic incumbent; the
     exact pass plans these shares again from the cache)."""
     shares = proportional_shares(reps.job, part, unit)
@@ -332,12 +288,12 @@ def plan_replicas(job: JobSpec, single: Plan, config: PlannerConfig = PlannerCon
         (job.constraints.max_replicas or len(islands))
     unit = share_unit(job, options.share_steps)
     with ReplicaPlanner(job, config, unit, options.workers, parallelizer) as planner:
-        reps = _Replicas(job, planner)
+        reps = ReplicaMemo(job, planner)
         st = _search(reps, single, islands, limit, unit, start + options.time_limit_s)
     return _result(job, single, reps, st, unit, (st.total, islands), time.perf_counter() - start)
 
 
-def _search(reps: _Replicas, single: Plan, islands: tuple[Island, ...], limit: int, unit: int,
+def _search(reps: ReplicaMemo, single: Plan, islands: tuple[Island, ...], limit: int, unit: int,
             deadline: float) -> _State:
     """Partitions in bound order: the proportional incumbents first, then the exact pass."""
     job = reps.job
@@ -365,7 +321,7 @@ def _search(reps: _Replicas, single: Plan, islands: tuple[Island, ...], limit: i
     return st
 
 
-def _result(job: JobSpec, single: Plan, reps: _Replicas, st: _State, unit: int,
+def _result(job: JobSpec, single: Plan, reps: ReplicaMemo, st: _State, unit: int,
             space: tuple[int, tuple[Island, ...]], elapsed: float) -> ReplicatedPlan:
     """The winning replicas, with the proof status of the whole search."""
     total, islands = space

@@ -77,3 +77,23 @@ def test_bench_plan(benchmark, name, workers):
     # The target (`target` seconds) is reported in the README against the measured median; it is
     # not asserted, since wall time depends on the machine's load.
     del target
+
+
+# The replica search after the single-pipeline plan: (job, n_micro searched).
+REPLICA_CASES = [("small-7b-512", False), ("large-4096-llama3-70b", False),
+                 ("seed-llama3-70b", True)]
+
+
+@pytest.mark.parametrize("name,auto", REPLICA_CASES)
+def test_bench_replica_search(benchmark, name, auto):
+    """The search over pipeline replicas across islands, in two worker processes (the single
+    pipeline planned once, outside the timing); it must settle every partition."""
+    from solver.planner.replicas import ReplicaOptions, plan_replicas
+    job = load_job(JOBS / f"{name}.toml")
+    if auto:
+        job = replace(job, training=replace(job.training, n_micro=None))
+    single = plan_job(job, PlannerConfig(workers=2))
+    options = ReplicaOptions(time_limit_s=600.0, workers=2)
+    found = benchmark.pedantic(plan_replicas, args=(job, single), kwargs={"options": options},
+                               rounds=1, iterations=1)
+    assert found.solver.optimal and found.iteration_time_s <= single.iteration_time_s

@@ -9,8 +9,8 @@ import pytest
 
 import solver.planner.replica_workers as replica_workers
 import solver.planner.replicas as replicas
-from solver.planner.replica_workers import ReplicaPlanner
-from solver.planner.replicas import (_Replicas, _note, _State, best_shares, holds_model,
+from solver.planner.replica_workers import ReplicaMemo, ReplicaPlanner
+from solver.planner.replicas import (_note, _State, best_shares, holds_model,
                                      partition_bound, proportional_shares, replica_floor,
                                      share_window)
 from solver.planner.search import PlannerConfig, job_islands, plan_job
@@ -47,7 +47,7 @@ def test_share_dp_breaks_ties_towards_the_first_vector_found():
 
 def _in_process(job, unit=8):
     """The replica memo of a search planning in this process."""
-    return _Replicas(job, ReplicaPlanner(job, PlannerConfig(), unit))
+    return ReplicaMemo(job, ReplicaPlanner(job, PlannerConfig(), unit))
 
 
 class _Counting:
@@ -95,7 +95,7 @@ def test_replica_memo_uses_the_given_config_and_parallelizer(job):
 
     spy = Spy()
     group = (job_islands(job).islands[2],)
-    reps = _Replicas(job, ReplicaPlanner(job, PlannerConfig(features=FeaturePreset.METIS), 8,
+    reps = ReplicaMemo(job, ReplicaPlanner(job, PlannerConfig(features=FeaturePreset.METIS), 8,
                                          parallelizer=spy))
     reps.time(group, 16)
     assert spy.calls > 0
@@ -147,13 +147,13 @@ def test_notes_say_how_the_search_ended():
 
 def test_every_planned_share_is_on_the_grid(job, monkeypatch):
     asked = []
-    real = _Replicas.time
+    real = ReplicaMemo.time
 
     def spy(self, group, share, budget=math.inf):
         asked.append(share)
         return real(self, group, share, budget)
 
-    monkeypatch.setattr(_Replicas, "time", spy)
+    monkeypatch.setattr(ReplicaMemo, "time", spy)
     from solver.planner.replicas import ReplicaOptions, plan_replicas
     plan_replicas(job, plan_job(job), options=ReplicaOptions(share_steps=8))
     assert asked and all(b % 8 == 0 and 8 <= b <= 56 for b in asked)
@@ -173,7 +173,7 @@ def test_prefetch_fills_the_memo_from_the_workers(job):
     a, c = (isl[0],), (isl[2],)
     exact = plan_job(replica_job(job, c, 16)).iteration_time_s
     with ReplicaPlanner(job, PlannerConfig(), 8, workers=2) as planner:
-        reps = _Replicas(job, planner)
+        reps = ReplicaMemo(job, planner)
         reps.prefetch([(a, 16, math.inf), (c, 16, exact * 0.5)])
         # Both answered without planning here: a plan for one, "none below" for the other.
         assert isinstance(reps.plans[(("i0-H200-SXM-141GB",), 16)], replicas.Plan)

@@ -9,6 +9,8 @@ it, so a changed input never finds a stale entry: it finds another key.
 :class:`CachingParallelizer` wraps any :class:`~solver.cost.parallelizer.Parallelizer` and implements
 the same protocol, so ``plan_job(job, parallelizer=CachingParallelizer(inner, store))`` caches
 without any planner change. It counts the inner calls (what re-planning costs) and the hits.
+:class:`MemoParallelizer` is its in-memory cousin for the many plans of one search (the
+replica search's), keyed cheaply because its scope is one model on one cluster.
 
 On-disk format (``DirectoryStore``, versioned by :data:`CACHE_FORMAT`)::
 

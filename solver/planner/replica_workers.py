@@ -8,8 +8,7 @@ share is planned again for every island set it belongs to; so every planner here
 processes that live as long as the search, each with its own memo in its own loop
 (:func:`_serve`); a share goes to its own worker (share units ``mod`` workers) unless that
 one is busy and another idles, so the island sets planned at one share mostly meet the same
-memo. The plans are the same with any number
-of workers.
+memo. The plans are the same with any number of workers.
 """
 
 from __future__ import annotations

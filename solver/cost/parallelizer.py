@@ -16,7 +16,7 @@ recomputation none/selective/full and activation offload, each as the feature pr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -34,7 +34,8 @@ from solver.spec.domain import (Constraints, FeaturePreset, Framework, Island, M
                                 Precision, Recompute, Schedule)
 
 __all__ = ["AnalyticParallelizer", "FeatureSet", "MemoryBreakdown", "Parallelizer", "PartialPlan",
-           "PlanContext", "StageConfig", "best_plan", "framework_features", "pipeline_time"]
+           "PlanContext", "StageConfig", "best_plan", "framework_features", "pipeline_time",
+           "prices_interleaving_above_plain"]
 
 _ALL_RC = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 
@@ -162,6 +163,16 @@ class Parallelizer(Protocol):
         ...
 
 
+def prices_interleaving_above_plain(parallelizer: Parallelizer) -> bool:
+    """Whether ``parallelizer`` declares (attribute ``interleaving_priced_above_plain``) that
+    every plan it returns under interleaved 1F1B, ``v >= 2``, has a plan of the same layout
+    under plain 1F1B (same slice, group, micro-batches, in-flight and limits) that is no slower
+    in ``latency_s`` and ``iteration_s``: the premise of
+    :func:`~solver.planner.interleaved.plain_floor`. Wrappers forward their inner's answer;
+    a parallelizer that says nothing gets False, and no cut."""
+    return bool(getattr(parallelizer, "interleaving_priced_above_plain", False))
+
+
 def pareto_mask(groups: np.ndarray, objectives: np.ndarray) -> np.ndarray:
     """Members not dominated within their group (rows of ``objectives``, smaller is better).
 
@@ -195,6 +206,11 @@ class AnalyticParallelizer:
 
     features: FeaturePreset = FeaturePreset.FULL
     calibration: Calibration = DEFAULT_CALIBRATION
+    # With v >= 2 chunks a configuration keeps its compute and per-iteration terms, pays v times
+    # the point-to-point time and holds at least as many micro-batches on every sub-stage
+    # (:func:`~solver.cost.stage_costs.in_flight_of`), and no layout is offered that plain
+    # 1F1B lacks: what :func:`prices_interleaving_above_plain` asks.
+    interleaving_priced_above_plain: ClassVar[bool] = True
 
     def plan(self, slice: ModelSlice, island: Island, context: PlanContext) -> list[PartialPlan]:
         """Pareto set over (latency, iteration time, memory) per layout; [] when nothing fits."""

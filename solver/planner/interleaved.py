@@ -11,26 +11,31 @@ meshes, so a multi-mesh plan never interleaves; a one-mesh plan is plain Megatro
 (:func:`~solver.cost.frameworks.interleaving_allowed`).
 
 The family is enumerated exhaustively (every island, node count, ``v`` and configuration the
-parallelizer prices with the interleaved schedule), with one provably safe cut: a group whose
+parallelizer prices with the interleaved schedule), with two provably safe cuts: a group whose
 compute lower bound — the model's FLOPs per iteration at the group's peak — is not below the
-incumbent cannot win. The objective is :func:`~solver.planner.plan.interleaved_cycle_time` plus
+incumbent cannot win; and at a group and ``n_micro`` no ``v >= 2`` is priced when the group's
+plain-1F1B plans at that ``n_micro`` already bound every interleaved one from below at or above
+the incumbent (:func:`plain_floor`; one call instead of one per ``v``). The objective is :func:`~solver.planner.plan.interleaved_cycle_time` plus
 the per-iteration terms.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from solver.compose.table import Position
 from solver.cost.frameworks import interleaving_allowed, megatron_interleaves, profile
-from solver.cost.parallelizer import Parallelizer, PartialPlan, PlanContext
+from solver.cost.parallelizer import (Parallelizer, PartialPlan, PlanContext,
+                                      prices_interleaving_above_plain)
 from solver.cost.stage import ModelSlice
 from solver.cost.stage_costs import model_flops_per_token, substage_layers
 from solver.islands import IslandSet, group_island, node_key
 from solver.planner.plan import Plan, SolverInfo, StagePlan, interleaved_cycle_time
 from solver.spec.domain import FeaturePreset, Island, JobSpec, Precision, Schedule
 
-__all__ = ["chunk_counts", "compute_floor", "pipeline_floor", "best_interleaved"]
+__all__ = ["chunk_counts", "compute_floor", "pipeline_floor", "plain_floor",
+           "interleaved_depths", "best_interleaved"]
 
 
 def chunk_counts(layers: int, allowed: tuple[int, ...] | None = None) -> list[int]:
@@ -72,14 +77,22 @@ def pipeline_floor(job: JobSpec, islands: Sequence[Island], n: int) -> float:
 
 
 def _context(job: JobSpec, features: FeaturePreset, n: int, v: int, nodes: int,
-             island: Island) -> PlanContext:
+             island: Island, max_pp: int | None = None) -> PlanContext:
     # max_pp does not depend on the group (the parallelizer caps pp by the GPUs), so a group
     # of a given size shares its cache entries across clusters (replan).
     schedule = Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B
     return PlanContext(job.training.seq_len, job.training.global_batch // n, n, 1,
-                       job.planner.epsilon, job.model.layers // v, features,
+                       job.planner.epsilon, max_pp or job.model.layers // v, features,
                        schedule, v, job.planner.framework, job.training.precision,
                        job.constraints.on_stages())
+
+
+def interleaved_depths(job: JobSpec, n: int, v: int) -> list[int]:
+    """The depths ``pp`` Megatron runs with ``v`` chunks and ``n`` micro-batches that the
+    job's constraints allow (:func:`_best_of` keeps no other plan)."""
+    layers = job.model.layers
+    return [pp for pp in range(2, layers // v + 1)
+            if megatron_interleaves(layers, pp, v, n) and job.constraints.allows_depth(pp)]
 
 
 def _best_of(plans: list[PartialPlan], job: JobSpec, n: int, v: int
@@ -133,20 +146,56 @@ def best_interleaved(job: JobSpec, features: FeaturePreset, ns: list[int],
     return (None if best is None else _decode(job, *best, calls[0])), calls[0]
 
 
+def plain_floor(job: JobSpec, plain: list[PartialPlan], n: int) -> float:
+    """No interleaved plan (any ``v >= 2``) of the group and ``n`` that ``plain`` was priced
+    for beats this: ``min n · max τ + iteration`` over the plain-1F1B plans ``plain`` whose
+    depth Megatron could interleave (``pp >= 2``, ``layers % pp = 0``, ``n % pp = 0``, allowed
+    by the constraints).
+
+    Provably safe for a parallelizer that prices interleaving above plain 1F1B
+    (:func:`~solver.cost.parallelizer.prices_interleaving_above_plain`; the analytic cost
+    model does): a configuration priced with ``v`` chunks has the same compute and
+    per-iteration terms as under plain 1F1B, ``v`` times the point-to-point time, and at least
+    as many micro-batches in flight on every sub-stage (so it also fits under plain 1F1B, where
+    it, or a plan of its layout no slower in latency and iteration time, is in ``plain``); and
+    :func:`~solver.planner.plan.interleaved_cycle_time` is at least ``n · max τ``.
+    """
+    return min((n * p.latency_s + p.iteration_s for p in plain
+                if p.config.pp >= 2 and job.model.layers % p.config.pp == 0
+                and n % p.config.pp == 0 and job.constraints.allows_depth(p.config.pp)),
+               default=math.inf)
+
+
 def _on_island(job, features, ns, parallelizer, island, bar, calls: list[int]):
     """(time, plan, nodes, n, v) of the fastest interleaved plan on a group of ``island``;
-    ``calls[0]`` counts the parallelizer calls."""
-    best = None
+    ``calls[0]`` counts the parallelizer calls. A ``v`` with no depth Megatron runs at ``n``
+    is not priced; with a parallelizer that prices interleaving above plain 1F1B, one
+    plain-1F1B call over those depths bounds every ``v >= 2`` (:func:`plain_floor`)."""
+    best, bounded = None, prices_interleaving_above_plain(parallelizer)
+
+    def priced(n: int, v: int, nodes: int, group: Island, max_pp: int | None = None):
+        calls[0] += 1
+        return parallelizer.plan(ModelSlice.whole(job.model), group,
+                                 _context(job, features, n, v, nodes, island, max_pp))
+
     for nodes in range(len(island.nodes), 0, -1):
         if compute_floor(job, island, nodes) >= bar:
             break  # fewer nodes only raise the floor
         group = group_island(island, nodes)
         for n in ns:
-            for v in chunk_options(job):
-                ctx = _context(job, features, n, v, nodes, island)
-                calls[0] += 1
-                found = _best_of(parallelizer.plan(ModelSlice.whole(job.model), group, ctx),
-                                 job, n, v)
+            depths = {v: interleaved_depths(job, n, v) for v in chunk_options(job) if v > 1}
+            deepest = max((max(d) for d in depths.values() if d), default=0)
+            plain = None
+            for v in chunk_options(job):  # 1 (when searched) comes first
+                if v > 1 and not depths[v]:
+                    continue  # every plan priced would be refused
+                if v > 1 and bounded:
+                    plain = priced(n, 1, nodes, group, deepest) if plain is None else plain
+                    if plain_floor(job, plain, n) * (1 - 1e-12) >= bar:  # rounding slack
+                        break  # no v >= 2 at this group and n beats the bar
+                plans = plain if v == 1 and plain is not None else priced(n, v, nodes, group)
+                plain = plans if v == 1 else plain
+                found = _best_of(plans, job, n, v)
                 if found is not None and found[0] < bar:
                     bar, best = found[0], (found[0], found[1], nodes, n, v)
     return best

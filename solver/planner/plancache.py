@@ -40,6 +40,7 @@ from solver.cost.parallelizer import (
     Parallelizer,
     PartialPlan,
     PlanContext,
+    prices_interleaving_above_plain,
 )
 from solver.cost.stage import ModelSlice, StageConfig
 from solver.spec.domain import Island, ModelSpec, Recompute
@@ -305,6 +306,11 @@ class CachingParallelizer:
                 self.store.save(keys[i], out[i])
         return out
 
+    @property
+    def interleaving_priced_above_plain(self) -> bool:
+        """The inner parallelizer's (the answers are its own)."""
+        return prices_interleaving_above_plain(self.inner)
+
     def cache_identity(self) -> str:
         """Caching does not change answers: identify as the inner parallelizer."""
         return self._identity
@@ -369,6 +375,11 @@ class MemoParallelizer:
                              self._island(island), context),
                             lambda: stage_options(self.inner, model, lengths, has_embedding,
                                                   has_head, island, context))
+
+    @property
+    def interleaving_priced_above_plain(self) -> bool:
+        """The inner parallelizer's (the answers are its own)."""
+        return prices_interleaving_above_plain(self.inner)
 
     def cache_identity(self) -> str:
         """Remembering does not change answers: identify as the inner parallelizer."""

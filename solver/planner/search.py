@@ -233,8 +233,9 @@ def _boundary_links(run: PlanningRun) -> dict[tuple[str, str], float]:
 def search(run: PlanningRun, incumbent: float = math.inf,
            live: Live | None = None) -> Composed | None:
     """The best composition of ``run`` under its pruning rules, if it beats ``incumbent``
-    (None: nothing fits; no stages: proven not to beat ``incumbent``). ``live``: the incumbent
-    as it stands while the search runs (another process may lower it).
+    (None: nothing fits, or no slice a plan beating ``incumbent`` could hold does; no stages:
+    proven not to beat ``incumbent``). ``live``: the incumbent as it stands while the search
+    runs (another process may lower it).
 
     The safe variants of rules 2 and 4 need an upper bound on ``T``: the plan under the paper's
     heuristic rules.
@@ -243,6 +244,7 @@ def search(run: PlanningRun, incumbent: float = math.inf,
     groups = run_groups(run)
     caps, windows = rule_tables(run, groups)
     work = layer_work_flops(job.model, run.cache.context.micro_batch, job.training.seq_len)
+    _narrow(windows, incumbent_windows(run, groups, work, incumbent))
     whole = Island("all", tuple(n for i in run.islands.islands for n in i.nodes))
     reference = stage_time_lb(whole, job.model.layers, work)
     links = _boundary_links(run)
@@ -256,16 +258,32 @@ def search(run: PlanningRun, incumbent: float = math.inf,
     probe = compose(run, TableSpec(probe_windows, caps, groups), heuristic_bans)
     upper = probe.total if probe is not None else math.inf
     if Rule.BALANCE_SAFE in rules:
-        for name, sizes in groups.items():
-            for g in sizes:
-                safe = bound_window(run.islands.islands, run.cache.group(name, g),
-                                    job.model.layers, work, run.n_micro, upper)
-                old = windows.get((name, g))
-                windows[(name, g)] = safe if old is None else (max(old[0], safe[0]),
-                                                               min(old[1], safe[1]))
+        _narrow(windows, incumbent_windows(run, groups, work, upper))
     if Rule.INTERFACE_SAFE in rules:
         bans = bans | interface_bans_safe(links, run.n_micro, upper)
     return compose(run, TableSpec(windows, caps, groups), bans, incumbent=incumbent, live=live)
+
+
+def incumbent_windows(run: PlanningRun, groups: dict[str, tuple[int, ...]], work: float,
+                      incumbent: float) -> dict[tuple[str, int], tuple[int, int]]:
+    """Per group, the stage lengths a plan faster than ``incumbent`` could use
+    (:func:`~solver.planner.pruning.bound_window`: provably safe); none when it is infinite.
+
+    A search asked only for plans that beat an incumbent (a later ``n_micro``, a replica
+    against its budget) drops the slices no such plan holds before they are priced."""
+    if not math.isfinite(incumbent):
+        return {}
+    return {(name, g): bound_window(run.islands.islands, run.cache.group(name, g),
+                                    run.job.model.layers, work, run.n_micro, incumbent)
+            for name, sizes in groups.items() for g in sizes}
+
+
+def _narrow(windows: dict[tuple[str, int], tuple[int, int]],
+            extra: dict[tuple[str, int], tuple[int, int]]) -> None:
+    """Intersect ``windows`` with ``extra`` in place (a group absent from one is unlimited)."""
+    for key, (lo, hi) in extra.items():
+        old = windows.get(key)
+        windows[key] = (lo, hi) if old is None else (max(old[0], lo), min(old[1], hi))
 
 
 def link_rates(run: PlanningRun) -> np.ndarray:

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from solver.cost.parallelizer import AnalyticParallelizer
+from solver.cost.frameworks import megatron_interleaves
+from solver.cost.parallelizer import AnalyticParallelizer, prices_interleaving_above_plain
 from solver.cost.stage import ModelSlice
 from solver.islands import group_island
-from solver.planner.interleaved import _context, chunk_counts
+from solver.planner.interleaved import _context, best_interleaved, chunk_counts, plain_floor
+from solver.planner.plan import interleaved_cycle_time
+from solver.planner.plancache import MemoParallelizer
+from solver.planner.runs import cluster_islands
 from solver.planner.search import PlannerConfig, plan_job
 from solver.planner.validate import problems
 from solver.spec.domain import SolverKind
@@ -96,3 +103,73 @@ def test_compute_floor_is_below_every_interleaved_plan(homog):
     from solver.planner.interleaved import compute_floor
     stage = plan.stages[0]
     assert compute_floor(job, stage.island, len(stage.nodes)) < plan.iteration_time_s
+
+
+# The cut of plain_floor: its premise on the analytic cost model, and that it changes no answer.
+
+FLOOR_JOBS = [load_job(INSTANCES / "jobs" / f"{name}.toml") for name in
+              ("homog-a100-llama2-13b", "homog-h100-llama3-70b", "odd-3h100-5a100-llama2-13b",
+               "long-context-llama3-8b")]
+
+
+@settings(max_examples=60)
+@given(st.data())
+def test_plain_floor_is_below_every_interleaved_plan_of_its_group(data):
+    """The premise, checked on the cost model itself: at a group and ``n``, no plan priced with
+    ``v >= 2`` chunks that Megatron runs is faster than the floor from the plain-1F1B plans."""
+    job = data.draw(st.sampled_from(FLOOR_JOBS))
+    island = data.draw(st.sampled_from(cluster_islands(job).islands))
+    nodes = data.draw(st.integers(1, min(4, len(island.nodes))))
+    n = data.draw(st.sampled_from([2, 3, 4, 6, 8, 16, 32]))
+    v = data.draw(st.sampled_from(chunk_counts(job.model.layers)))
+    per_micro = data.draw(st.sampled_from([1, 2, 4, 8, 16]))
+    job = replace(job, training=replace(job.training, global_batch=n * per_micro))
+    par, whole, group = AnalyticParallelizer(job.planner.features), \
+        ModelSlice.whole(job.model), group_island(island, nodes)
+    floor = plain_floor(job, par.plan(whole, group, _context(job, job.planner.features, n, 1,
+                                                             nodes, island)), n)
+    for p in par.plan(whole, group, _context(job, job.planner.features, n, v, nodes, island)):
+        if megatron_interleaves(job.model.layers, p.config.pp, v, n):
+            t = interleaved_cycle_time(p.stage_latencies, n, v) + p.iteration_s
+            assert t >= floor * (1 - 1e-12), (p.config, t, floor)
+
+
+def test_plain_floor_by_hand(homog):
+    """Two plain plans: one of a depth Megatron can interleave at n = 4, one it cannot."""
+    job, plan = homog
+    p = plan.stages[0].plan
+    deep, odd = (replace(p, config=replace(p.config, pp=pp), latency_s=lat, iteration_s=0.5)
+                 for pp, lat in ((2, 1.0), (3, 0.1)))
+    assert plain_floor(job, [deep, odd], 4) == pytest.approx(4 * 1.0 + 0.5)  # pp 3 ∤ 4
+    assert plain_floor(job, [odd], 4) == math.inf
+
+
+class _Opaque:
+    """The analytic parallelizer's answers, without its declaration: no plain-floor cut."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def plan(self, slice, island, context):
+        return self.inner.plan(slice, island, context)
+
+
+@pytest.mark.parametrize("job", FLOOR_JOBS[:3], ids=lambda j: j.name)
+def test_plain_floor_cut_changes_no_answer_and_saves_calls(job):
+    """The family searched with the cut and without it, at the plan's bar and with none."""
+    par = AnalyticParallelizer(job.planner.features)
+    assert prices_interleaving_above_plain(par)
+    assert prices_interleaving_above_plain(MemoParallelizer(par))
+    assert not prices_interleaving_above_plain(_Opaque(par))
+    views = [(cluster_islands(job), "islands")]
+    ns = [job.training.n_micro] if job.training.n_micro else [4, 8, 16]
+    saved = 0
+    for bar in (math.inf, plan_job(job).iteration_time_s * 1.05):
+        cut, c_calls = best_interleaved(job, job.planner.features, ns, par, bar, views)
+        full, f_calls = best_interleaved(job, job.planner.features, ns, _Opaque(par), bar, views)
+        assert (cut is None) == (full is None)
+        if cut is not None:
+            assert cut.iteration_time_s == full.iteration_time_s
+            assert (cut.n_micro, cut.virtual_stages) == (full.n_micro, full.virtual_stages)
+        saved += f_calls - c_calls
+    assert saved > 0

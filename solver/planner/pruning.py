@@ -6,8 +6,9 @@ and ``tangram verify`` measures whether it did.
 
 Lower bounds used by the safe variants (``lb``): a stage holding ``ℓ`` layers on island ``k`` needs
 at least ``ℓ · w / C_k`` seconds per micro-batch, with ``w`` the forward+backward matmul FLOPs of
-one layer on one micro-batch and ``C_k`` the island's peak FLOP/s; the cost model never beats
-peak (its GEMM efficiency is below 1), so ``τ_k(ℓ) ≥ lb`` (checked by the tests on every entry).
+one layer on one micro-batch and ``C_k`` the island's peak FLOP/s at the job's precision (FP8
+where its GPUs run it: :func:`peak_flops`); the cost model never beats peak (its GEMM
+efficiency is below 1), so ``τ_k(ℓ) ≥ lb`` (checked by the tests on every entry, FP8 too).
 Any plan satisfies ``T ≥ n · max(stage latencies, link times)``.
 """
 
@@ -18,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from solver.cost.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
-from solver.spec.domain import Island, ModelSpec
+from solver.spec.domain import Island, ModelSpec, Precision
 
 STATE_BYTES_PER_PARAM = WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES
 
@@ -90,13 +91,25 @@ def layer_work_flops(model: ModelSpec, micro_batch: int, seq_len: int) -> float:
     return 6.0 * (model.active_params_per_layer - model.norm_params) * micro_batch * seq_len
 
 
-def stage_time_lb(island: Island, length: int, work: float) -> float:
-    """Lower bound on the per-micro-batch latency of ``length`` layers on ``island`` (s)."""
-    return length * work / (island.total_tflops * 1e12)
+def peak_flops(island: Island, precision: Precision = Precision.BF16) -> float:
+    """FLOP/s of ``island`` at its GEMM peak: the 16-bit figure, raised where the job's
+    ``precision`` runs faster on its GPUs (FP8 on Hopper: no stage's GEMMs beat it)."""
+    gpu = island.gpu
+    scale = max(gpu.peak_tflops(precision), gpu.peak_tflops(Precision.BF16)) \
+        / gpu.peak_tflops(Precision.BF16)
+    return island.total_tflops * 1e12 * scale
+
+
+def stage_time_lb(island: Island, length: int, work: float,
+                  precision: Precision = Precision.BF16) -> float:
+    """Lower bound on the per-micro-batch latency of ``length`` layers on ``island`` (s), for
+    a job training at ``precision``."""
+    return length * work / peak_flops(island, precision)
 
 
 def bound_window(islands: tuple[Island, ...], island: Island, layers: int, work: float,
-                 n_micro: int, upper: float) -> tuple[int, int]:
+                 n_micro: int, upper: float, precision: Precision = Precision.BF16
+                 ) -> tuple[int, int]:
     """Rule 2, safe variant: lengths that a plan better than ``upper`` could give a stage group.
 
     ``island`` is the stage's group. A length ``ℓ`` is dropped when ``n · ℓ·w/C_g > upper``
@@ -105,10 +118,10 @@ def bound_window(islands: tuple[Island, ...], island: Island, layers: int, work:
     slowest of the other stages holds at least their average). ``upper`` is the objective of a
     feasible plan, so no plan as good as it is dropped: provably safe.
     """
-    others = (sum(i.total_tflops for i in islands) - island.total_tflops) * 1e12
+    others = sum(peak_flops(i, precision) for i in islands) - peak_flops(island, precision)
     ok = []
     for length in range(1, layers + 1):
-        mine = n_micro * stage_time_lb(island, length, work)
+        mine = n_micro * stage_time_lb(island, length, work, precision)
         rest = n_micro * (layers - length) * work / others if others else (
             0.0 if length == layers else math.inf)
         if max(mine, rest) <= upper * (1 + 1e-12):

@@ -274,7 +274,8 @@ def incumbent_windows(run: PlanningRun, groups: dict[str, tuple[int, ...]], work
     if not math.isfinite(incumbent):
         return {}
     return {(name, g): bound_window(run.islands.islands, run.cache.group(name, g),
-                                    run.job.model.layers, work, run.n_micro, incumbent)
+                                    run.job.model.layers, work, run.n_micro, incumbent,
+                                    run.job.training.precision)
             for name, sizes in groups.items() for g in sizes}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from solver.planner.pruning import (
 )
 from solver.planner.search import PlannerConfig, plan_job, search, start_run
 from solver.planner.validate import PlanInvalid, problems, validate
+from solver.spec.domain import Precision
 from solver.spec.loaders import INSTANCES, load_job
 
 JOB = """
@@ -144,6 +146,20 @@ def test_memory_cap_is_safe_and_bound_is_below_every_latency(tmp_path):
                 assert plans == []  # rule 3 only drops what cannot fit anyway
             for p in plans:
                 assert p.latency_s >= stage_time_lb(island, length, work)
+
+
+@pytest.mark.parametrize("name", ["homog-h100-llama3-70b", "seed-llama3-70b"])
+def test_time_lower_bound_holds_at_fp8(name):
+    """FP8 GEMMs beat the 16-bit peak: the bound takes the FP8 peak where the GPUs have it."""
+    job = load_job(INSTANCES / "jobs" / f"{name}.toml")
+    job = replace(job, training=replace(job.training, precision=Precision.FP8))
+    run = start_run(job, PlannerConfig())
+    work = layer_work_flops(job.model, run.cache.context.micro_batch, job.training.seq_len)
+    for island in run.islands.islands:
+        for length in (1, 4, 10, 20):
+            for p in AnalyticParallelizer().plan(ModelSlice(job.model, length), island,
+                                                 run.cache.context):
+                assert p.latency_s >= stage_time_lb(island, length, work, Precision.FP8)
 
 
 def test_paper_memory_check_gives_oom_plan_ours_does_not(tmp_path, monkeypatch):

@@ -6,8 +6,8 @@ import pytest
 
 from solver.planner.pruning import (LinkModel, Rule, balance_window, bound_window, dedupe_slices,
                                     interface_bans, interface_bans_safe, layer_work_flops,
-                                    memory_cap, stage_time_lb)
-from solver.spec.domain import Island
+                                    memory_cap, peak_flops, stage_time_lb)
+from solver.spec.domain import Island, Precision
 from solver.spec.loaders import INSTANCES, load_catalog, load_model
 
 
@@ -50,6 +50,21 @@ def test_work_and_time_lower_bound(islands):
     assert layer_work_flops(model, 2, 4096) == 6.0 * per_layer * 2 * 4096
     # 3 layers of 7.912e15 FLOP on 7,912 TFLOP/s: 3 s.
     assert stage_time_lb(h, 3, 7.912e15) == pytest.approx(3.0)
+
+
+def test_time_lower_bound_at_fp8(islands):
+    # An FP8 job: the H100's GEMMs may run at 1,979 TFLOP/s (8 GPUs: 15,832); the A100 has no
+    # FP8 and keeps its 16-bit 312 (16 GPUs: 4,992).
+    h, a = islands
+    assert peak_flops(h, Precision.FP8) == pytest.approx(8 * 1979e12)
+    assert peak_flops(a, Precision.FP8) == pytest.approx(16 * 312e12)
+    assert stage_time_lb(h, 3, 7.912e15, Precision.FP8) == pytest.approx(3 * 7.912 / 15.832)
+    # The safe window of rule 2 at FP8: 10 layers of 1e15 FLOP, n = 4. The H100 group alone
+    # needs 4·ℓ/15.832 <= upper, the A100 the rest, 4·(10 − ℓ)/4.992 <= upper. Upper 1.8 s:
+    # ℓ <= 7.1 and ℓ >= 7.8; 2.0 s: ℓ <= 7.9 and ℓ >= 7.5 (no integer); 2.2 s: ℓ <= 8.7, ℓ >= 7.3.
+    assert bound_window((h, a), h, 10, 1e15, 4, 1.8, Precision.FP8) == (11, 0)
+    assert bound_window((h, a), h, 10, 1e15, 4, 2.0, Precision.FP8) == (11, 0)
+    assert bound_window((h, a), h, 10, 1e15, 4, 2.2, Precision.FP8) == (8, 8)
 
 
 def test_rule_3_memory_cap_by_hand(islands):

@@ -173,6 +173,14 @@ def framework_features(framework: Framework) -> FeatureSet:
 def _zero_allowed(framework: Framework, zero: np.ndarray, pp: np.ndarray, whole: bool,
                   allowed: tuple[int, ...]) -> np.ndarray:
     """Rows whose ZeRO stage the framework runs at their pipelining (within ``allowed``)."""
-    single = np.isin(zero, zero_choices(profile(framework), False, allowed))
-    piped = np.isin(zero, zero_choices(profile(framework), True, allowed))
+    # ZeRO stages are 0-3: a lookup table, not np.isin (called on every stage-options batch).
+    single = _stage_table(zero_choices(profile(framework), False, allowed))[zero]
+    piped = _stage_table(zero_choices(profile(framework), True, allowed))[zero]
     return np.where((pp == 1) & whole, single, piped)
+
+
+def _stage_table(stages) -> np.ndarray:
+    """``table[z]``: whether ZeRO stage ``z`` (0-3) is among ``stages``."""
+    table = np.zeros(4, dtype=bool)
+    table[list(stages)] = True
+    return table

@@ -15,8 +15,8 @@ parallelizer prices with the interleaved schedule), with two provably safe cuts:
 compute lower bound — the model's FLOPs per iteration at the group's peak — is not below the
 incumbent cannot win; and at a group and ``n_micro`` no ``v >= 2`` is priced when the group's
 plain-1F1B plans at that ``n_micro`` already bound every interleaved one from below at or above
-the incumbent (:func:`plain_floor`; one call instead of one per ``v``). The objective is :func:`~solver.planner.plan.interleaved_cycle_time` plus
-the per-iteration terms.
+the incumbent (:func:`plain_floor`; one call instead of one per ``v``). The objective is
+:func:`~solver.planner.plan.interleaved_cycle_time` plus the per-iteration terms.
 """
 
 from __future__ import annotations

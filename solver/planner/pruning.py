@@ -118,10 +118,11 @@ def bound_window(islands: tuple[Island, ...], island: Island, layers: int, work:
     slowest of the other stages holds at least their average). ``upper`` is the objective of a
     feasible plan, so no plan as good as it is dropped: provably safe.
     """
-    others = sum(peak_flops(i, precision) for i in islands) - peak_flops(island, precision)
+    own = peak_flops(island, precision)  # once: the loop below runs for every group
+    others = sum(peak_flops(i, precision) for i in islands) - own
     ok = []
     for length in range(1, layers + 1):
-        mine = n_micro * stage_time_lb(island, length, work, precision)
+        mine = n_micro * (length * work / own)  # n · stage_time_lb
         rest = n_micro * (layers - length) * work / others if others else (
             0.0 if length == layers else math.inf)
         if max(mine, rest) <= upper * (1 + 1e-12):

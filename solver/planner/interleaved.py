@@ -32,7 +32,8 @@ from solver.cost.stage import ModelSlice
 from solver.cost.stage_costs import model_flops_per_token, substage_layers
 from solver.islands import IslandSet, group_island, node_key
 from solver.planner.plan import Plan, SolverInfo, StagePlan, interleaved_cycle_time
-from solver.spec.domain import FeaturePreset, Island, JobSpec, Precision, Schedule
+from solver.planner.pruning import precision_speedup
+from solver.spec.domain import FeaturePreset, Island, JobSpec, Schedule
 
 __all__ = ["chunk_counts", "compute_floor", "pipeline_floor", "plain_floor",
            "interleaved_depths", "best_interleaved"]
@@ -50,9 +51,7 @@ def compute_floor(job: JobSpec, island: Island, nodes: int) -> float:
     at the max-achievable-matmul ceiling, fused attention at its efficiency, and everything
     else only adds time). Provably safe."""
     prec = job.training.precision
-    gpu = island.gpu
-    scale = max(gpu.peak_tflops(prec), gpu.peak_tflops(Precision.BF16)) \
-        / gpu.peak_tflops(Precision.BF16)
+    scale = precision_speedup(island, prec)
     best_eff = max(max(n.gpu.gemm_ceiling(prec), n.gpu.gemm_eff, n.gpu.attention_eff)
                    for n in island.nodes)
     peak = island.tflops_per_gpu * 1e12 * scale * min(best_eff, 1.0)

@@ -91,13 +91,19 @@ def layer_work_flops(model: ModelSpec, micro_batch: int, seq_len: int) -> float:
     return 6.0 * (model.active_params_per_layer - model.norm_params) * micro_batch * seq_len
 
 
+def precision_speedup(island: Island, precision: Precision) -> float:
+    """How much faster than their 16-bit peak the GEMMs of ``island`` may run at
+    ``precision``: the largest ratio over its GPU models (1 for BF16; 2 for FP8 on Hopper)."""
+    if precision is Precision.BF16:  # the figure islands are rated at
+        return 1.0
+    return max(max(g.peak_tflops(precision), g.peak_tflops(Precision.BF16))
+               / g.peak_tflops(Precision.BF16) for g in {n.gpu for n in island.nodes})
+
+
 def peak_flops(island: Island, precision: Precision = Precision.BF16) -> float:
     """FLOP/s of ``island`` at its GEMM peak: the 16-bit figure, raised where the job's
     ``precision`` runs faster on its GPUs (FP8 on Hopper: no stage's GEMMs beat it)."""
-    gpu = island.gpu
-    scale = max(gpu.peak_tflops(precision), gpu.peak_tflops(Precision.BF16)) \
-        / gpu.peak_tflops(Precision.BF16)
-    return island.total_tflops * 1e12 * scale
+    return island.total_tflops * 1e12 * precision_speedup(island, precision)
 
 
 def stage_time_lb(island: Island, length: int, work: float,

@@ -6,7 +6,8 @@ import pytest
 
 from solver.planner.pruning import (LinkModel, Rule, balance_window, bound_window, dedupe_slices,
                                     interface_bans, interface_bans_safe, layer_work_flops,
-                                    memory_cap, peak_flops, stage_time_lb)
+                                    memory_cap, peak_flops, precision_speedup,
+                                    stage_time_lb)
 from solver.spec.domain import Island, Precision
 from solver.spec.loaders import INSTANCES, load_catalog, load_model
 
@@ -59,6 +60,8 @@ def test_time_lower_bound_at_fp8(islands):
     assert peak_flops(h, Precision.FP8) == pytest.approx(8 * 1979e12)
     assert peak_flops(a, Precision.FP8) == pytest.approx(16 * 312e12)
     assert stage_time_lb(h, 3, 7.912e15, Precision.FP8) == pytest.approx(3 * 7.912 / 15.832)
+    assert precision_speedup(h, Precision.FP8) == pytest.approx(1979 / 989)
+    assert precision_speedup(a, Precision.FP8) == 1.0 == precision_speedup(h, Precision.BF16)
     # The safe window of rule 2 at FP8: 10 layers of 1e15 FLOP, n = 4. The H100 group alone
     # needs 4·ℓ/15.832 <= upper, the A100 the rest, 4·(10 − ℓ)/4.992 <= upper. Upper 1.8 s:
     # ℓ <= 7.1 and ℓ >= 7.8; 2.0 s: ℓ <= 7.9 and ℓ >= 7.5 (no integer); 2.2 s: ℓ <= 8.7, ℓ >= 7.3.

@@ -406,6 +406,11 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     ``72 B s l h^2 (1 + s/6h + V/12lh)`` per iteration for GPT).
     """
     per_layer = model.active_params_per_layer - model.norm_params
-    attention = 4.0 * seq_len * model.heads * model.d_head
-    forward = model.layers * (2.0 * per_layer + attention) + 2.0 * model.vocab * model.hidden
-    return 3.0 * forward
+    forward = model.layers * 2.0 * per_layer + 2.0 * model.vocab * model.hidden
+    return 3.0 * forward + attention_flops_per_token(model, seq_len)
+
+
+def attention_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """The attention-core part of :func:`model_flops_per_token`: ``3 x 4 s a d_head`` per
+    layer (the full square, as Megatron counts it; a fused kernel executes half of it)."""
+    return 3.0 * model.layers * 4.0 * seq_len * model.heads * model.d_head

@@ -13,7 +13,7 @@ Partitions are visited in order of a lower bound and the search stops when the b
 the incumbent. Every cut is provably safe:
 
 * :func:`partition_bound` — the all-reduce plus the continuous min-max of the replicas' floors
-  (:func:`replica_floor`: compute at the best kernel efficiency, and the pipeline fill of a
+  (:func:`replica_floor`: compute at the fastest kernel rates, and the pipeline fill of a
   replica spanning islands);
 * :func:`share_window` — shares whose replica alone, at its compute floor, is not faster than
   the incumbent, or that leave the others more than they can do in time, are not planned.
@@ -101,7 +101,7 @@ def replica_floor(job: JobSpec, group: Sequence[Island], share: int) -> float:
     """No replica on ``group`` trains ``share`` sequences faster (provably safe).
 
     With ``n`` micro-batches of work ``W`` each, stages on groups of capacities ``C_g`` (at
-    peak times the best kernel efficiency, :func:`~solver.planner.interleaved.compute_floor`)
+    their fastest kernel rates, :func:`~solver.planner.interleaved.compute_floor`)
     and ``C`` the capacity of the islands, 1F1B needs at least ``(n − 1) · max τ + Σ τ`` with
     ``max τ ≥ W / C`` and ``Σ τ ≥ W / max_g C_g ≥ W / C_max`` (one island's capacity: every
     stage lies in one island), so ``T ≥ W ((n − 1)/C + 1/C_max)``; the interleaved schedule,

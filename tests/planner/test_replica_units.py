@@ -125,14 +125,17 @@ def test_windows_bounds_and_memory_cut(job):
 
 
 def test_replica_floor_adds_the_fill_of_a_pipeline_across_islands(job):
+    from solver.planner.interleaved import compute_floor, kernel_floor
     isl = job_islands(job).islands
     one, two = (isl[2],), (isl[0], isl[2])
-    n = job.training.n_micro
-    caps = [1 / replica_floor(job, (i,), 64) * n / n for i in (isl[0], isl[2])]
-    # Alone, the floor is the plain compute floor (factor 1); across two islands it is
-    # W ((n - 1)/C + 1/C_max) with W = 1/n of the batch.
-    assert replica_floor(job, one, 64) == pytest.approx(1 / caps[1])
-    expect = (1 / n) * ((n - 1) / sum(caps) + 1 / max(caps))
+    n, layers = job.training.n_micro, job.model.layers
+    # Alone, the floor is the plain compute floor: every layer and the head on the island.
+    alone = compute_floor(job, isl[2], len(isl[2].nodes))
+    assert replica_floor(job, one, 64) == pytest.approx(alone)
+    # Across two islands: (n - 1) micro-batches of the layers spread over both, plus one
+    # micro-batch of the layers on the faster island and the head where it is cheapest.
+    (c0, h0), (c2, h2) = (kernel_floor(job, i, len(i.nodes)) for i in (isl[0], isl[2]))
+    expect = ((n - 1) * layers / (1 / c0 + 1 / c2) + layers * min(c0, c2) + min(h0, h2)) / n
     assert replica_floor(job, two, 64) == pytest.approx(expect)
     assert replica_floor(job, two, 32) == pytest.approx(expect / 2)
 

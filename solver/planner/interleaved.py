@@ -88,18 +88,16 @@ def pipeline_floor(job: JobSpec, islands: Sequence[Island], n: int) -> float:
 
     With ``c_i`` and ``h_i`` one layer's and the LM head's seconds per iteration on all of
     island ``i`` (:func:`kernel_floor`), ``L`` layers and stage latencies ``τ``: a stage of
-    ``x`` layers on ``k`` of island ``i``'s ``N_i`` nodes needs ``τ >= x c_i N_i / (k n)``,
-    and the groups are disjoint, so ``max τ >= L / (n Σ_i 1/c_i)`` (the layers share the
-    GPUs; on one island the head shares them too, ``max τ >= (L c + h) / n``); every stage
-    lies in one island, so ``Σ τ >= (L min c + min h) / n``. Hence
-    ``T >= (n − 1) · max τ + Σ τ`` is at least their sum. Boundary transfers and the
-    per-iteration terms only add to it.
+    ``x`` layers on a fraction ``f`` of island ``i``'s nodes needs ``n τ >= (x c_i + h_i [it
+    holds the head]) / f``, and the groups are disjoint (``Σ f <= 1`` per island), so summing
+    ``x <= (n τ f − h_i [head]) / c_i`` over the stages gives ``n max τ >= (L + min_i h_i /
+    c_i) / Σ_i 1/c_i`` (the layers and the head share the GPUs); every stage lies in one
+    island, so ``n Σ τ >= L min c + min h``. Hence ``T >= (n − 1) · max τ + Σ τ`` is at least
+    their sum. Boundary transfers and the per-iteration terms only add to it.
     """
     parts = [kernel_floor(job, i, len(i.nodes)) for i in islands]
     layers = job.model.layers
-    spread = layers / sum(1.0 / c for c, _ in parts)
-    if len(parts) == 1:  # one kind of GPU: the head shares them with the layers as well
-        spread += parts[0][1]
+    spread = (layers + min(h / c for c, h in parts)) / sum(1.0 / c for c, _ in parts)
     alone = layers * min(c for c, _ in parts) + min(h for _, h in parts)
     return ((n - 1) * spread + alone) / n
 

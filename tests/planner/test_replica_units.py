@@ -132,10 +132,12 @@ def test_replica_floor_adds_the_fill_of_a_pipeline_across_islands(job):
     # Alone, the floor is the plain compute floor: every layer and the head on the island.
     alone = compute_floor(job, isl[2], len(isl[2].nodes))
     assert replica_floor(job, one, 64) == pytest.approx(alone)
-    # Across two islands: (n - 1) micro-batches of the layers spread over both, plus one
-    # micro-batch of the layers on the faster island and the head where it is cheapest.
+    # Across two islands: (n - 1) micro-batches of the layers and the head spread over both
+    # (the head in layers of the island where it costs fewest), plus one micro-batch of the
+    # layers on the faster island and the head where it is cheapest.
     (c0, h0), (c2, h2) = (kernel_floor(job, i, len(i.nodes)) for i in (isl[0], isl[2]))
-    expect = ((n - 1) * layers / (1 / c0 + 1 / c2) + layers * min(c0, c2) + min(h0, h2)) / n
+    spread = (layers + min(h0 / c0, h2 / c2)) / (1 / c0 + 1 / c2)
+    expect = ((n - 1) * spread + layers * min(c0, c2) + min(h0, h2)) / n
     assert replica_floor(job, two, 64) == pytest.approx(expect)
     assert replica_floor(job, two, 32) == pytest.approx(expect / 2)
 

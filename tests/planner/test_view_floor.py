@@ -46,13 +46,15 @@ def test_the_floor_of_one_island_is_its_compute_floor_and_more_gpus_lower_it():
     # One island: the fill and drain cost nothing extra, T >= n · w / C = W / C.
     assert view_floor(whole) == pytest.approx(compute_floor(job, one, len(one.nodes)))
     # Two islands, c_k and h_k a layer's and the head's seconds on each: (n − 1) micro-batches
-    # of the layers spread over both, one of the layers on the faster island and the head
-    # where it is cheapest; below either island alone and above their summed capacity.
+    # of the layers and the head spread over both (the head in layers of the island where it
+    # costs fewest), one of the layers on the faster island and the head where it is cheapest;
+    # below either island alone and above their summed capacity.
     floors = [compute_floor(job, i, len(i.nodes)) for i in by_islands.islands.islands]
     assert len(floors) == 2
     (c1, h1), (c2, h2) = (kernel_floor(job, i, len(i.nodes)) for i in by_islands.islands.islands)
     layers, caps = job.model.layers, [1 / f for f in floors]
-    expect = ((n - 1) * layers / (1 / c1 + 1 / c2) + layers * min(c1, c2) + min(h1, h2)) / n
+    spread = (layers + min(h1 / c1, h2 / c2)) / (1 / c1 + 1 / c2)
+    expect = ((n - 1) * spread + layers * min(c1, c2) + min(h1, h2)) / n
     assert view_floor(by_islands) == pytest.approx(expect)
     assert 1 / sum(caps) < view_floor(by_islands) < min(floors)
 

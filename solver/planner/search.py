@@ -94,7 +94,11 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
             f"{(config.solver or job.planner.solver).value}+{alt.solver.name}"
         plan = replace(alt, solver=SolverInfo(name, proven, elapsed, calls))
     elif best is None:
-        raise InfeasibleError(explain_infeasible([r for n in ns for r in runs_of(n)]))
+        why = explain_infeasible([r for n in ns for r in runs_of(n)])
+        if math.isfinite(upper):  # the cut, not a limit, may be why nothing was found
+            why = (f"no plan faster than the bound of {upper:.6g} s per iteration it was asked "
+                   f"to beat (slower plans are cut, so this may not be the reason: {why})")
+        raise InfeasibleError(why)
     else:
         plan = replace(best.plan, solver=best.info(proven, elapsed, calls))
     validate(plan, job)

@@ -125,6 +125,18 @@ def test_worked_example_reproduced():
     assert not plan.idle  # every node of both islands hosts a stage
 
 
+def test_a_bound_nothing_beats_is_named_as_the_reason():
+    """Asked only for plans faster than the optimum, the planner finds none and says that the
+    bound cut them (not that memory did); at a bound above the optimum it returns it."""
+    from solver.spec.errors import InfeasibleError
+    job = load_job(INSTANCES / "jobs" / "odd-3h100-5a100-llama2-13b.toml")
+    best = plan_job(job)
+    with pytest.raises(InfeasibleError, match="no plan faster than the bound"):
+        plan_job(job, upper=best.iteration_time_s * 0.99)
+    again = plan_job(job, upper=best.iteration_time_s * 1.01)
+    assert again.iteration_time_s == pytest.approx(best.iteration_time_s)
+
+
 def test_balance_window_of_worked_example():
     # Seed note, step 2: H100 share 80·63296/103232 = 49.05 → [25, 80]; A100 30.95 → [16, 61].
     job = load_job(INSTANCES / "jobs" / "seed-llama3-70b.toml")

@@ -34,8 +34,8 @@ from solver.spec.domain import (Constraints, FeaturePreset, Framework, Island, M
                                 Precision, Recompute, Schedule)
 
 __all__ = ["AnalyticParallelizer", "FeatureSet", "MemoryBreakdown", "Parallelizer", "PartialPlan",
-           "PlanContext", "StageConfig", "best_plan", "framework_features", "pipeline_time",
-           "prices_interleaving_above_plain"]
+           "PlanContext", "StageConfig", "best_plan", "framework_features", "kernel_calibration",
+           "pipeline_time", "prices_interleaving_above_plain"]
 
 _ALL_RC = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 
@@ -173,6 +173,15 @@ def prices_interleaving_above_plain(parallelizer: Parallelizer) -> bool:
     return bool(getattr(parallelizer, "interleaving_priced_above_plain", False))
 
 
+def kernel_calibration(parallelizer: Parallelizer) -> Calibration | None:
+    """The calibration whose kernel curves bound ``parallelizer``'s times from below (attribute
+    ``kernel_calibration``: the analytic model's own), for the compute floors'
+    size-dependent GEMM efficiency and memory-bound operators
+    (:func:`~solver.planner.interleaved.kernel_floor`). Wrappers forward their inner's; a
+    parallelizer that says nothing gets None, and floors from the catalog's ceilings only."""
+    return getattr(parallelizer, "kernel_calibration", None)
+
+
 def pareto_mask(groups: np.ndarray, objectives: np.ndarray) -> np.ndarray:
     """Members not dominated within their group (rows of ``objectives``, smaller is better).
 
@@ -211,6 +220,12 @@ class AnalyticParallelizer:
     # (:func:`~solver.cost.stage_costs.in_flight_of`), and no layout is offered that plain
     # 1F1B lacks: what :func:`prices_interleaving_above_plain` asks.
     interleaving_priced_above_plain: ClassVar[bool] = True
+
+    @property
+    def kernel_calibration(self) -> Calibration:
+        """Its own calibration: every GEMM, attention core and memory-bound operator is priced
+        by it (:func:`kernel_calibration`)."""
+        return self.calibration
 
     def plan(self, slice: ModelSlice, island: Island, context: PlanContext) -> list[PartialPlan]:
         """Pareto set over (latency, iteration time, memory) per layout; [] when nothing fits."""

@@ -12,7 +12,7 @@ meshes, so a multi-mesh plan never interleaves; a one-mesh plan is plain Megatro
 
 The family is enumerated exhaustively (every island, node count, ``v`` and configuration the
 parallelizer prices with the interleaved schedule), with two provably safe cuts: a group whose
-compute lower bound (:func:`compute_floor`: the model's FLOPs per iteration at its kernels'
+compute lower bound (:func:`~solver.planner.floors.compute_floor`: the model's FLOPs per iteration at its kernels'
 fastest rates) is not below the incumbent cannot win; and at a group and ``n_micro`` no
 ``v >= 2`` is priced when the group's plain-1F1B plans at that ``n_micro`` already bound every
 interleaved one from below at or above the incumbent (:func:`plain_floor`; one call instead of
@@ -23,83 +23,25 @@ per-iteration terms.
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 from solver.compose.table import Position
-from solver.cost.calibration import BOUNDS
 from solver.cost.frameworks import interleaving_allowed, megatron_interleaves, profile
 from solver.cost.parallelizer import (Parallelizer, PartialPlan, PlanContext,
-                                      prices_interleaving_above_plain)
+                                      kernel_calibration, prices_interleaving_above_plain)
 from solver.cost.stage import ModelSlice
-from solver.cost.stage_costs import (attention_flops_per_token, model_flops_per_token,
-                                     substage_layers)
+from solver.cost.stage_costs import substage_layers
 from solver.islands import IslandSet, group_island, node_key
+from solver.planner.floors import compute_floor
 from solver.planner.plan import Plan, SolverInfo, StagePlan, interleaved_cycle_time
-from solver.planner.pruning import precision_speedup
 from solver.spec.domain import FeaturePreset, Island, JobSpec, Schedule
 
-__all__ = ["chunk_counts", "kernel_floor", "compute_floor", "pipeline_floor", "plain_floor",
-           "interleaved_depths", "best_interleaved"]
+__all__ = ["chunk_counts", "plain_floor", "interleaved_depths", "best_interleaved"]
 
 
 def chunk_counts(layers: int, allowed: tuple[int, ...] | None = None) -> list[int]:
     """``v >= 2`` for which some ``pp >= 2`` has ``layers % (pp v) == 0`` (within ``allowed``)."""
     return [v for v in range(2, layers // 2 + 1) if layers % v == 0 and layers // v >= 2
             and (allowed is None or v in allowed)]
-
-
-def kernel_floor(job: JobSpec, island: Island, nodes: int) -> tuple[float, float]:
-    """Seconds per iteration of one Transformer layer and of the LM head on ``nodes`` nodes of
-    ``island``, at the fastest rates the analytic cost model runs their kernels; provably
-    safe: everything else a plan does only adds time.
-
-    GEMMs run at most at the GPUs' GEMM peak (FP8 where the job trains in it and they have
-    it) times the max-achievable-matmul ceiling. Attention is counted as Megatron counts it,
-    the full score square: a fused kernel executes the causal half at ``attention_eff`` of
-    the 16-bit peak, so per counted FLOP it runs at ``2 · attention_eff`` of peak, above the
-    GEMM ceiling (1.16 on Hopper); an unfused core runs the whole square at the calibration's
-    ``unfused_attention_eff``, at most the upper end of its fitting range. Charging attention
-    at the GEMM rate put the floor above real plans at long context (Llama 3 8B at 128k
-    tokens on 128 H200: floor 5.18 s, plan 4.72 s).
-    """
-    prec, gpus, m = job.training.precision, {n.gpu for n in island.nodes}, job.model
-    sixteen = island.tflops_per_gpu * 1e12
-    gemm_rate = sixteen * precision_speedup(island, prec) * max(
-        max(g.gemm_ceiling(prec), g.gemm_eff) for g in gpus)
-    attention_rate = sixteen * max(max(2.0 * g.attention_eff for g in gpus),
-                                   BOUNDS["unfused_attention_eff"][1])
-    attention = attention_flops_per_token(m, job.training.seq_len) / m.layers
-    head = 6.0 * m.vocab * m.hidden  # the LM head's GEMM, forward and backward
-    layer = (model_flops_per_token(m, job.training.seq_len) - head) / m.layers - attention
-    per_gpu = job.training.tokens / (nodes * island.gpus_per_node)
-    return per_gpu * (layer / gemm_rate + attention / attention_rate), per_gpu * head / gemm_rate
-
-
-def compute_floor(job: JobSpec, island: Island, nodes: int) -> float:
-    """Seconds per iteration no plan on ``nodes`` nodes of ``island`` beats: every layer and
-    the LM head at :func:`kernel_floor`'s rates. Provably safe for the analytic cost model."""
-    layer, head = kernel_floor(job, island, nodes)
-    return job.model.layers * layer + head
-
-
-def pipeline_floor(job: JobSpec, islands: Sequence[Island], n: int) -> float:
-    """Seconds per iteration no plain 1F1B pipeline of ``n`` micro-batches over groups of
-    ``islands`` beats (provably safe).
-
-    With ``c_i`` and ``h_i`` one layer's and the LM head's seconds per iteration on all of
-    island ``i`` (:func:`kernel_floor`), ``L`` layers and stage latencies ``τ``: a stage of
-    ``x`` layers on a fraction ``f`` of island ``i``'s nodes needs ``n τ >= (x c_i + h_i [it
-    holds the head]) / f``, and the groups are disjoint (``Σ f <= 1`` per island), so summing
-    ``x <= (n τ f − h_i [head]) / c_i`` over the stages gives ``n max τ >= (L + min_i h_i /
-    c_i) / Σ_i 1/c_i`` (the layers and the head share the GPUs); every stage lies in one
-    island, so ``n Σ τ >= L min c + min h``. Hence ``T >= (n − 1) · max τ + Σ τ`` is at least
-    their sum. Boundary transfers and the per-iteration terms only add to it.
-    """
-    parts = [kernel_floor(job, i, len(i.nodes)) for i in islands]
-    layers = job.model.layers
-    spread = (layers + min(h / c for c, h in parts)) / sum(1.0 / c for c, _ in parts)
-    alone = layers * min(c for c, _ in parts) + min(h for _, h in parts)
-    return ((n - 1) * spread + alone) / n
 
 
 def _context(job: JobSpec, features: FeaturePreset, n: int, v: int, nodes: int,
@@ -205,7 +147,7 @@ def _on_island(job, features, ns, parallelizer, island, bar, calls: list[int]):
                                  _context(job, features, n, v, nodes, island, max_pp))
 
     for nodes in range(len(island.nodes), 0, -1):
-        if compute_floor(job, island, nodes) >= bar:
+        if compute_floor(job, island, nodes, kernel_calibration(parallelizer)) >= bar:
             break  # fewer nodes only raise the floor
         group = group_island(island, nodes)
         for n in ns:

@@ -35,11 +35,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from solver.cost.efficiency import Calibration
 from solver.cost.parallelizer import (
     MemoryBreakdown,
     Parallelizer,
     PartialPlan,
     PlanContext,
+    kernel_calibration,
     prices_interleaving_above_plain,
 )
 from solver.cost.stage import ModelSlice, StageConfig
@@ -311,6 +313,11 @@ class CachingParallelizer:
         """The inner parallelizer's (the answers are its own)."""
         return prices_interleaving_above_plain(self.inner)
 
+    @property
+    def kernel_calibration(self) -> Calibration | None:
+        """The inner parallelizer's (the answers are its own)."""
+        return kernel_calibration(self.inner)
+
     def cache_identity(self) -> str:
         """Caching does not change answers: identify as the inner parallelizer."""
         return self._identity
@@ -380,6 +387,11 @@ class MemoParallelizer:
     def interleaving_priced_above_plain(self) -> bool:
         """The inner parallelizer's (the answers are its own)."""
         return prices_interleaving_above_plain(self.inner)
+
+    @property
+    def kernel_calibration(self) -> Calibration | None:
+        """The inner parallelizer's (the answers are its own)."""
+        return kernel_calibration(self.inner)
 
     def cache_identity(self) -> str:
         """Remembering does not change answers: identify as the inner parallelizer."""

@@ -31,11 +31,12 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+from solver.cost.efficiency import Calibration
 from solver.cost.frameworks import profile
 from solver.cost.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
-from solver.cost.parallelizer import Parallelizer
-from solver.planner.interleaved import pipeline_floor
+from solver.cost.parallelizer import Parallelizer, kernel_calibration
 from solver.planner.candidates import MAX_AUTO_MICRO
+from solver.planner.floors import pipeline_floor
 from solver.planner.plan import Plan, SolverInfo
 from solver.planner.replica_plan import (Replica, ReplicatedPlan, allreduce_s,
                                          validate_replicated)
@@ -97,11 +98,13 @@ def partitions(islands: Sequence[Island], max_r: int) -> Iterator[Partition]:
                         for j in range(1, r + 1))
 
 
-def replica_floor(job: JobSpec, group: Sequence[Island], share: int) -> float:
+def replica_floor(job: JobSpec, group: Sequence[Island], share: int,
+                  calib: Calibration | None = None) -> float:
     """No replica on ``group`` trains ``share`` sequences faster (provably safe).
 
     With ``n`` micro-batches of work ``W`` each, stages on groups of capacities ``C_g`` (at
-    their fastest kernel rates, :func:`~solver.planner.interleaved.compute_floor`)
+    their fastest kernel rates, :func:`~solver.planner.floors.compute_floor`; ``calib``: the
+    parallelizer's calibration)
     and ``C`` the capacity of the islands, 1F1B needs at least ``(n − 1) · max τ + Σ τ`` with
     ``max τ ≥ W / C`` and ``Σ τ ≥ W / max_g C_g ≥ W / C_max`` (one island's capacity: every
     stage lies in one island), so ``T ≥ W ((n − 1)/C + 1/C_max)``; the interleaved schedule,
@@ -109,7 +112,7 @@ def replica_floor(job: JobSpec, group: Sequence[Island], share: int) -> float:
     searched when it is searched (the bound falls with ``n``).
     """
     n = job.training.n_micro or MAX_AUTO_MICRO
-    return share / job.training.global_batch * pipeline_floor(job, group, n)
+    return share / job.training.global_batch * pipeline_floor(job, group, n, calib)
 
 
 def holds_model(job: JobSpec, group: Sequence[Island]) -> bool:
@@ -121,15 +124,16 @@ def holds_model(job: JobSpec, group: Sequence[Island]) -> bool:
     return have * (1.0 - job.planner.epsilon) >= need
 
 
-def partition_bound(job: JobSpec, part: Partition) -> float:
+def partition_bound(job: JobSpec, part: Partition, calib: Calibration | None = None) -> float:
     """No plan on ``part`` beats this: its all-reduce plus the continuous min-max of its
     replicas' floors (:func:`replica_floor`, linear in the share), ``B / Σ_r (B / F_r(B))``."""
     batch = job.training.global_batch
-    rate = sum(1.0 / replica_floor(job, g, batch) for g in part)
+    rate = sum(1.0 / replica_floor(job, g, batch, calib) for g in part)
     return allreduce_s(job, part) + 1.0 / rate
 
 
-def ranked_partitions(job: JobSpec, every: Sequence[Partition]) -> list[tuple[float, Partition]]:
+def ranked_partitions(job: JobSpec, every: Sequence[Partition], calib: Calibration | None = None
+                      ) -> list[tuple[float, Partition]]:
     """``(partition_bound, partition)`` of the partitions whose every set holds the model
     (:func:`holds_model`), lowest bound first (ties in the given order). Each set's floor and
     memory are computed once: a fleet has tens of thousands of partitions of a few hundred
@@ -138,13 +142,15 @@ def ranked_partitions(job: JobSpec, every: Sequence[Partition]) -> list[tuple[fl
     named = [[(tuple(i.name for i in g), g) for g in part] for part in every]  # cheap keys
     for key, g in (pair for part in named for pair in part):
         if key not in rate:
-            rate[key], holds[key] = 1.0 / replica_floor(job, g, batch), holds_model(job, g)
+            rate[key] = 1.0 / replica_floor(job, g, batch, calib)
+            holds[key] = holds_model(job, g)
     kept = [(p, n) for p, n in zip(every, named) if all(holds[k] for k, _ in n)]
     bounds = [allreduce_s(job, p) + 1.0 / sum(rate[k] for k, _ in n) for p, n in kept]
     return sorted(zip(bounds, (p for p, _ in kept)), key=lambda x: x[0])
 
 
-def share_window(job: JobSpec, part: Partition, unit: int, budget: float) -> list[range]:
+def share_window(job: JobSpec, part: Partition, unit: int, budget: float,
+                 calib: Calibration | None = None) -> list[range]:
     """Per replica, the shares a plan whose replicas all finish within ``budget`` could use.
 
     Dropped: shares whose replica at its compute floor needs ``budget`` or more, and shares so
@@ -154,7 +160,7 @@ def share_window(job: JobSpec, part: Partition, unit: int, budget: float) -> lis
     his = []
     for g in part:
         top = batch - (r - 1) * unit
-        while top >= unit and replica_floor(job, g, top) >= budget:
+        while top >= unit and replica_floor(job, g, top, calib) >= budget:
             top -= unit
         his.append(top)
     return [range(max(unit, batch - (sum(his) - hi)), hi + 1, unit) for hi in his]
@@ -205,7 +211,7 @@ def _solve_partition(reps: ReplicaMemo, part: Partition, unit: int, st: _State,
     # Replicas are planned up to the largest budget any partition can still ask for (the
     # smallest all-reduce), so each (islands, share) is planned once; times compare to ours.
     ask = st.value - st.least_allreduce
-    windows = share_window(job, part, unit, budget)
+    windows = share_window(job, part, unit, budget, kernel_calibration(reps.planner.par))
     if any(len(w) == 0 for w in windows):
         return True  # some replica has no share a better plan could use
     his, times = [w[-1] for w in windows], [dict() for _ in part]
@@ -252,12 +258,13 @@ def _shrink_tops(reps: ReplicaMemo, part: Partition, unit: int, budgets: tuple[f
             his[r] -= unit * (times[r][his[r]] >= budget)
 
 
-def proportional_shares(job: JobSpec, part: Partition, unit: int) -> tuple[int, ...] | None:
+def proportional_shares(job: JobSpec, part: Partition, unit: int,
+                        calib: Calibration | None = None) -> tuple[int, ...] | None:
     """Shares in proportion to the replicas' floor rates, in whole units (None: too few units)."""
     units = job.training.global_batch // unit
     if units < len(part):
         return None
-    rates = [1.0 / replica_floor(job, g, job.training.global_batch) for g in part]
+    rates = [1.0 / replica_floor(job, g, job.training.global_batch, calib) for g in part]
     raw = [max(1, round(units * r / sum(rates))) for r in rates]
     raw[raw.index(max(raw))] += units - sum(raw)
     return tuple(k * unit for k in raw) if min(raw) >= 1 else None
@@ -266,7 +273,7 @@ def proportional_shares(job: JobSpec, part: Partition, unit: int) -> tuple[int, 
 def _try_proportional(reps: ReplicaMemo, part: Partition, unit: int, st: _State) -> None:
     """Improve ``st`` with the proportional shares of ``part`` (a heuristic incumbent; the
     exact pass plans these shares again from the cache)."""
-    shares = proportional_shares(reps.job, part, unit)
+    shares = proportional_shares(reps.job, part, unit, kernel_calibration(reps.planner.par))
     if shares is None:
         return
     extra, ask = allreduce_s(reps.job, part), st.value - st.least_allreduce
@@ -300,7 +307,7 @@ def _search(reps: ReplicaMemo, single: Plan, islands: tuple[Island, ...], limit:
     st = _State(single.iteration_time_s)
     every = list(partitions(islands, limit))
     st.total = len(every)
-    ranked = ranked_partitions(job, every)
+    ranked = ranked_partitions(job, every, kernel_calibration(reps.planner.par))
     parts = [p for _, p in ranked]
     st.least_allreduce = min((allreduce_s(job, p) for p in parts), default=0.0)
     # A good incumbent first narrows every window of the exact pass; the partitions of the

@@ -24,13 +24,14 @@ from solver.cost.frameworks import job_runtime, profile
 from solver.compose.group_dp import Live
 from solver.compose.stage_table import GroupRestrictions
 from solver.compose.table import Position, slice_position
-from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer
+from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer, kernel_calibration
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, stage_costs
 from solver.islands import IslandSet, group_island, node_key
 from solver.planner.candidates import TableSpec, build_stage_table, candidate_n_micro
 from solver.planner.fanout import SharedBest, fan_out
-from solver.planner.interleaved import best_interleaved, pipeline_floor
+from solver.planner.floors import pipeline_floor
+from solver.planner.interleaved import best_interleaved
 from solver.planner.plan import Plan, SolverInfo, StagePlan
 from solver.planner.reasons import explain_infeasible, idle_nodes
 from solver.planner.runs import (REL_TIE, VIEW_ISLANDS, VIEW_WHOLE, Composed, PlannerConfig,
@@ -167,12 +168,13 @@ def _plan_n(runs: list[PlanningRun], n: int, shared: SharedBest, upper: float,
 
 def view_floor(run: PlanningRun) -> float:
     """Seconds per iteration no plan of ``run``'s view beats: the fill and drain of a pipeline
-    of ``run.n_micro`` micro-batches whose stages run at their GPUs' peak times the best
-    fraction any of their kernels reaches (:func:`~solver.planner.interleaved.pipeline_floor`;
-    provably safe). A view whose floor is not below what a run must beat is dismissed before
-    its table is built: the whole-cluster view (its weakest GPUs' figures) once a plan of the
-    islands is known, and small ``n_micro``, whose fill and drain alone are too slow."""
-    return pipeline_floor(run.job, run.islands.islands, run.n_micro)
+    of ``run.n_micro`` micro-batches whose kernels run at the fastest rates the run's
+    parallelizer prices them (:func:`~solver.planner.floors.pipeline_floor`; provably safe).
+    A view whose floor is not below what a run must beat is dismissed before its table is
+    built: the whole-cluster view (its weakest GPUs' figures) once a plan of the islands is
+    known, and small ``n_micro``, whose fill and drain alone are too slow."""
+    return pipeline_floor(run.job, run.islands.islands, run.n_micro,
+                          kernel_calibration(run.cache.parallelizer))
 
 
 def _merge(outcomes: list[_Outcome], upper: float) -> _Outcome | None:

@@ -100,7 +100,7 @@ def test_heterogeneous_multi_stage_plans_never_interleave():
 
 def test_compute_floor_is_below_every_interleaved_plan(homog):
     job, plan = homog
-    from solver.planner.interleaved import compute_floor
+    from solver.planner.floors import compute_floor
     stage = plan.stages[0]
     assert compute_floor(job, stage.island, len(stage.nodes)) < plan.iteration_time_s
 

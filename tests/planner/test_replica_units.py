@@ -125,7 +125,7 @@ def test_windows_bounds_and_memory_cut(job):
 
 
 def test_replica_floor_adds_the_fill_of_a_pipeline_across_islands(job):
-    from solver.planner.interleaved import compute_floor, kernel_floor
+    from solver.planner.floors import compute_floor, kernel_floor
     isl = job_islands(job).islands
     one, two = (isl[2],), (isl[0], isl[2])
     n, layers = job.training.n_micro, job.model.layers

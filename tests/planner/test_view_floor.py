@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 from solver.cost.parallelizer import AnalyticParallelizer
 from solver.cost.stage import ModelSlice
 from solver.islands import group_island
-from solver.planner.interleaved import _context, compute_floor, kernel_floor
+from solver.planner.floors import compute_floor, kernel_floor
+from solver.planner.interleaved import _context
 from solver.planner.plan import interleaved_cycle_time
 from solver.planner.runs import cluster_islands
-from solver.planner.search import PlannerConfig, search, view_floor, views
+from solver.planner.search import PlannerConfig, job_islands, search, view_floor, views
 from solver.spec.domain import Precision
 from solver.spec.loaders import load_job
 
@@ -39,19 +40,20 @@ def test_no_plan_of_a_view_beats_its_floor(name, n):
 
 def test_the_floor_of_one_island_is_its_compute_floor_and_more_gpus_lower_it():
     job = load_job(INSTANCES / "jobs" / "seed-llama3-70b.toml")
-    n = 32
-    by_islands, whole = views(job, PlannerConfig(), n,
-                              AnalyticParallelizer(job.planner.features))
+    n, par = 32, AnalyticParallelizer(job.planner.features)
+    by_islands, whole = views(job, PlannerConfig(), n, par)
+    calib = par.calibration  # the views' floors use their parallelizer's
     (one,) = whole.islands.islands
     # One island: the fill and drain cost nothing extra, T >= n · w / C = W / C.
-    assert view_floor(whole) == pytest.approx(compute_floor(job, one, len(one.nodes)))
+    assert view_floor(whole) == pytest.approx(compute_floor(job, one, len(one.nodes), calib))
     # Two islands, c_k and h_k a layer's and the head's seconds on each: (n − 1) micro-batches
     # of the layers and the head spread over both (the head in layers of the island where it
     # costs fewest), one of the layers on the faster island and the head where it is cheapest;
     # below either island alone and above their summed capacity.
-    floors = [compute_floor(job, i, len(i.nodes)) for i in by_islands.islands.islands]
+    isl = by_islands.islands.islands
+    floors = [compute_floor(job, i, len(i.nodes), calib) for i in isl]
     assert len(floors) == 2
-    (c1, h1), (c2, h2) = (kernel_floor(job, i, len(i.nodes)) for i in by_islands.islands.islands)
+    (c1, h1), (c2, h2) = (kernel_floor(job, i, len(i.nodes), calib) for i in isl)
     layers, caps = job.model.layers, [1 / f for f in floors]
     spread = (layers + min(h1 / c1, h2 / c2)) / (1 / c1 + 1 / c2)
     expect = ((n - 1) * spread + layers * min(c1, c2) + min(h1, h2)) / n
@@ -117,9 +119,38 @@ def test_no_configuration_beats_the_compute_floor_of_its_group(floor_jobs, data)
     per_micro = data.draw(st.sampled_from([1, 2, 4, 16]))
     job = replace(job, training=replace(job.training, global_batch=n * per_micro, seq_len=seq,
                                         precision=precision, n_micro=n))
-    floor = compute_floor(job, island, nodes)
     par = AnalyticParallelizer(job.planner.features)
+    # With the parallelizer's calibration (GEMMs at their widest shape's efficiency, the
+    # memory-bound operators) the floor is higher, and still below every configuration.
+    floor, tight = (compute_floor(job, island, nodes, c) for c in (None, par.calibration))
+    assert tight > floor
     ctx = _context(job, job.planner.features, n, 1, nodes, island)
     for p in par.plan(ModelSlice.whole(job.model), group_island(island, nodes), ctx):
         t = interleaved_cycle_time(p.stage_latencies, n, 1) + p.iteration_s
-        assert t >= floor * (1 - 1e-12), (p.config, t, floor)
+        assert t >= tight * (1 - 1e-12), (p.config, t, tight)
+
+
+def test_widest_gemm_floor_by_hand():
+    """Llama 2 7B on the H100 island of small-7b-512 (989 TFLOP/s, 3.35 TB/s, ceiling 0.803):
+    each GEMM at the cost model's efficiency for unlimited rows and the layer's full width,
+    ``0.803 · ξ / (ξ + 4.5 · 989/3.35)`` with ``ξ = 1 / (1/cols + 1/inner)``, plus the
+    memory-bound operators at 80% of HBM bandwidth; fused attention at 2 · 0.58 of peak."""
+    job = load_job(INSTANCES / "jobs" / "small-7b-512.toml")
+    island = next(i for i in job_islands(job).islands if i.gpu.name == "H100-SXM-80GB")
+    calib = AnalyticParallelizer().calibration
+    peak, bw, h, f = 989e12, 3.35e12, 4096, 11008
+
+    def seconds(flops, cols, inner):
+        xi = 1 / (1 / cols + 1 / inner)
+        return flops / (peak * 0.803 * xi / (xi + 4.5 * peak / bw))
+
+    gemm = 3 * (seconds(2 * h * 3 * h, 3 * h, h) + seconds(2 * h * h, h, h)
+                + seconds(2 * h * 2 * f, 2 * f, h) + seconds(2 * f * h, h, f))
+    attention = 3 * 4 * 4096 * h / (peak * 2 * 0.58)
+    elementwise = 3 * 19.91 * h / (bw * 0.80)
+    per_token = gemm + attention + elementwise  # GPU-seconds of one layer
+    layer, _ = kernel_floor(job, island, len(island.nodes), calib)
+    assert layer == pytest.approx(per_token * job.training.tokens / 128, rel=1e-9)
+    # Without the calibration every GEMM runs at the ceiling: a lower floor.
+    ceiling_only, _ = kernel_floor(job, island, len(island.nodes))
+    assert ceiling_only < 0.8 * layer

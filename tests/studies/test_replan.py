@@ -73,6 +73,10 @@ class Recorder:
 
     interleaving_priced_above_plain = True  # its answers are the analytic model's
 
+    @property
+    def kernel_calibration(self):
+        return self.inner.calibration  # so its floors are the analytic model's as well
+
     def plan(self, slice, island, context):
         self.calls.append((island.gpu.name, cache_key(slice, island, context, "", "").text))
         return self.inner.plan(slice, island, context)

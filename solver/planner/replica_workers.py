@@ -29,22 +29,24 @@ from solver.planner.search import plan_job
 from solver.spec.domain import Island, JobSpec
 from solver.spec.errors import InfeasibleError
 
-__all__ = ["Ask", "plan_share", "ReplicaPlanner", "ReplicaMemo"]
+__all__ = ["Ask", "Planned", "plan_share", "ReplicaPlanner", "ReplicaMemo"]
 
 Ask = tuple[tuple[str, ...], int, float]  # (island names, share, budget)
+Planned = tuple[Plan | None, int]  # the plan (None: none faster), parallelizer calls spent
 _FAILED = "failed"  # what a worker sends back for an ask whose planning raised
 
 
 def plan_share(job: JobSpec, config: PlannerConfig, ask: Ask, islands: IslandSet,
-               parallelizer: Parallelizer) -> Plan | None:
-    """The replica's exact plan if one is faster than the ask's budget, else None
-    (``islands``: the cluster's, built once for every replica)."""
+               parallelizer: Parallelizer) -> Planned:
+    """The replica's exact plan if one is faster than the ask's budget, else None, with the
+    parallelizer calls it took (``islands``: the cluster's, built once for every replica)."""
     names, share, budget = ask
     try:
-        return plan_job(replica_job(job, names, share), config, parallelizer=parallelizer,
+        plan = plan_job(replica_job(job, names, share), config, parallelizer=parallelizer,
                         upper=budget, islands=islands)
-    except InfeasibleError:
-        return None
+    except InfeasibleError as none:
+        return None, none.calls
+    return plan, plan.solver.parallelizer_calls
 
 
 def _memo(job: JobSpec, config: PlannerConfig) -> MemoParallelizer:
@@ -98,8 +100,8 @@ class ReplicaPlanner:
         for proc in self._procs:
             proc.join()
 
-    def plan(self, asks: Sequence[Ask]) -> list[Plan | None]:
-        """The plan of every ask (None: none faster than its budget), in order.
+    def plan(self, asks: Sequence[Ask]) -> list[Planned]:
+        """The plan of every ask (None: none faster than its budget) and its calls, in order.
 
         Each idle worker takes the first waiting ask of its own shares, else the first
         waiting ask: the memo is reused where it can be, and no worker idles while asks
@@ -155,12 +157,10 @@ class ReplicaMemo:
         got = self.plans.get(key)
         return isinstance(got, Plan) or (got is not None and budget <= got)
 
-    def _store(self, key: tuple[tuple[str, ...], int], plan: Plan | None, budget: float) -> None:
-        if plan is None:
-            self.plans[key] = budget
-        else:
-            self.calls += plan.solver.parallelizer_calls
-            self.plans[key] = plan
+    def _store(self, key: tuple[tuple[str, ...], int], planned: Planned, budget: float) -> None:
+        plan, calls = planned
+        self.calls += calls  # a search that found nothing faster costs calls as well
+        self.plans[key] = budget if plan is None else plan
 
     def prefetch(self, asks: Sequence[tuple[tuple[Island, ...], int, float]]) -> None:
         """Plan the asks :meth:`time` cannot answer yet, side by side (a no-op in this

@@ -99,7 +99,7 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
         if math.isfinite(upper):  # the cut, not a limit, may be why nothing was found
             why = (f"no plan faster than the bound of {upper:.6g} s per iteration it was asked "
                    f"to beat (slower plans are cut, so this may not be the reason: {why})")
-        raise InfeasibleError(why)
+        raise InfeasibleError(why, calls)
     else:
         plan = replace(best.plan, solver=best.info(proven, elapsed, calls))
     validate(plan, job)

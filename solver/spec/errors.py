@@ -29,4 +29,10 @@ class InputError(Exception):
 
 
 class InfeasibleError(Exception):
-    """The problem is well formed but nothing satisfies it; the message names the tightest limit."""
+    """The problem is well formed but nothing satisfies it; the message names the tightest limit.
+
+    ``calls``: parallelizer calls spent finding that out (0 where nobody counted them)."""
+
+    def __init__(self, message: str, calls: int = 0):
+        super().__init__(message)
+        self.calls = calls

@@ -59,6 +59,19 @@ class _Counting:
         return plan_job(*args, **kwargs)
 
 
+def test_replica_memo_counts_the_calls_of_a_search_that_found_nothing(job):
+    """Just below the optimum the search must price slices before it knows nothing is
+    faster: those calls are the search's cost too, and the memo counts them."""
+    from solver.spec.errors import InfeasibleError
+    group = (job_islands(job).islands[2],)
+    exact = plan_job(replica_job(job, group, 16)).iteration_time_s
+    with pytest.raises(InfeasibleError) as none:
+        plan_job(replica_job(job, group, 16), upper=exact * 0.99)
+    reps = _in_process(job)
+    assert reps.time(group, 16, exact * 0.99) == math.inf
+    assert reps.calls == none.value.calls > 0
+
+
 def test_replica_memo_plans_once_and_remembers_budgets(job, monkeypatch):
     counter = _Counting()
     monkeypatch.setattr(replica_workers, "plan_job", counter)

@@ -177,7 +177,7 @@ def kernel_calibration(parallelizer: Parallelizer) -> Calibration | None:
     """The calibration whose kernel curves bound ``parallelizer``'s times from below (attribute
     ``kernel_calibration``: the analytic model's own), for the compute floors'
     size-dependent GEMM efficiency and memory-bound operators
-    (:func:`~solver.planner.interleaved.kernel_floor`). Wrappers forward their inner's; a
+    (:func:`~solver.planner.floors.kernel_floor`). Wrappers forward their inner's; a
     parallelizer that says nothing gets None, and floors from the catalog's ceilings only."""
     return getattr(parallelizer, "kernel_calibration", None)
 

@@ -2,7 +2,8 @@
 
 Takes in a :class:`~solver.spec.JobSpec`. Builds the islands, asks the homogeneous parallelizer
 for partial plans of every (island, slice length, position, micro-batches in flight) the
-pruning rules (:mod:`solver.planner.pruning`) let through (:mod:`solver.planner.candidates`),
+pruning rules (:mod:`solver.planner.pruning`) let through (:mod:`solver.planner.candidates`;
+views and groups no plan could win from are dismissed by :mod:`solver.planner.floors`),
 composes one latency table per pipeline depth exactly, adds the per-iteration terms exactly
 (:mod:`solver.planner.search`) and chooses ``n_micro`` (:mod:`solver.planner.micro`). Hands on
 a :class:`Plan` that :func:`validate` has checked against the job, or raises

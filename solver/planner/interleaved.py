@@ -12,12 +12,12 @@ meshes, so a multi-mesh plan never interleaves; a one-mesh plan is plain Megatro
 
 The family is enumerated exhaustively (every island, node count, ``v`` and configuration the
 parallelizer prices with the interleaved schedule), with two provably safe cuts: a group whose
-compute lower bound (:func:`~solver.planner.floors.compute_floor`: the model's FLOPs per iteration at its kernels'
-fastest rates) is not below the incumbent cannot win; and at a group and ``n_micro`` no
-``v >= 2`` is priced when the group's plain-1F1B plans at that ``n_micro`` already bound every
-interleaved one from below at or above the incumbent (:func:`plain_floor`; one call instead of
-one per ``v``). The objective is :func:`~solver.planner.plan.interleaved_cycle_time` plus the
-per-iteration terms.
+compute lower bound (:func:`~solver.planner.floors.compute_floor`: the model's FLOPs per
+iteration at its kernels' fastest rates) is not below the incumbent cannot win; and at a group
+and ``n_micro`` no ``v >= 2`` is priced when the group's plain-1F1B plans at that ``n_micro``
+already bound every interleaved one from below at or above the incumbent (:func:`plain_floor`;
+one call instead of one per ``v``). The objective is
+:func:`~solver.planner.plan.interleaved_cycle_time` plus the per-iteration terms.
 """
 
 from __future__ import annotations

@@ -99,7 +99,8 @@ def test_the_floor_holds_where_attention_dominates(tmp_path):
 def floor_jobs(tmp_path_factory):
     path = tmp_path_factory.mktemp("floor") / "long.toml"
     path.write_text(LONG_CONTEXT)
-    names = ("seed-llama3-70b", "long-context-llama3-8b", "v100-a100-llama2-13b")
+    names = ("seed-llama3-70b", "long-context-llama3-8b", "v100-a100-llama2-13b",
+             "mixtral-a100-h100")
     return [load_job(path)] + [load_job(INSTANCES / "jobs" / f"{x}.toml") for x in names]
 
 

@@ -131,27 +131,38 @@ def test_no_configuration_beats_the_compute_floor_of_its_group(floor_jobs, data)
         assert t >= tight * (1 - 1e-12), (p.config, t, tight)
 
 
-def test_widest_gemm_floor_by_hand():
-    """Llama 2 7B on the H100 island of small-7b-512 (989 TFLOP/s, 3.35 TB/s, ceiling 0.803):
-    each GEMM at the cost model's efficiency for unlimited rows and the layer's full width,
-    ``0.803 · ξ / (ξ + 4.5 · 989/3.35)`` with ``ξ = 1 / (1/cols + 1/inner)``, plus the
-    memory-bound operators at 80% of HBM bandwidth; fused attention at 2 · 0.58 of peak."""
-    job = load_job(INSTANCES / "jobs" / "small-7b-512.toml")
-    island = next(i for i in job_islands(job).islands if i.gpu.name == "H100-SXM-80GB")
-    calib = AnalyticParallelizer().calibration
-    peak, bw, h, f = 989e12, 3.35e12, 4096, 11008
+def _h100_layer_by_hand(h, ffn, up, seq):
+    """GPU-seconds per token of one layer on H100 (989 TFLOP/s, 3.35 TB/s, ceiling 0.803), each
+    GEMM at the cost model's efficiency for unlimited rows and the layer's full width,
+    ``0.803 · ξ / (ξ + 4.5 · 989/3.35)`` with ``ξ = 1 / (1/cols + 1/inner)`` (no GQA: q = kv =
+    h), the memory-bound operators at 80% of HBM bandwidth, fused attention at 2 · 0.58."""
+    peak, bw = 989e12, 3.35e12
 
     def seconds(flops, cols, inner):
         xi = 1 / (1 / cols + 1 / inner)
         return flops / (peak * 0.803 * xi / (xi + 4.5 * peak / bw))
 
     gemm = 3 * (seconds(2 * h * 3 * h, 3 * h, h) + seconds(2 * h * h, h, h)
-                + seconds(2 * h * 2 * f, 2 * f, h) + seconds(2 * f * h, h, f))
-    attention = 3 * 4 * 4096 * h / (peak * 2 * 0.58)
-    elementwise = 3 * 19.91 * h / (bw * 0.80)
-    per_token = gemm + attention + elementwise  # GPU-seconds of one layer
-    layer, _ = kernel_floor(job, island, len(island.nodes), calib)
-    assert layer == pytest.approx(per_token * job.training.tokens / 128, rel=1e-9)
-    # Without the calibration every GEMM runs at the ceiling: a lower floor.
-    ceiling_only, _ = kernel_floor(job, island, len(island.nodes))
-    assert ceiling_only < 0.8 * layer
+                + seconds(2 * h * up * ffn, up * ffn, h) + seconds(2 * ffn * h, h, ffn))
+    return gemm + 3 * 4 * seq * h / (peak * 2 * 0.58) + 3 * 19.91 * h / (bw * 0.80)
+
+
+@pytest.mark.parametrize("name,ffn,up", [("small-7b-512", 11008, 2),
+                                         ("gpt3-175b-three-gen-512", 49152, 1)])
+def test_widest_gemm_floor_by_hand(name, ffn, up):
+    """Llama 2 7B (gated MLP) and GPT-3 (plain MLP) on an H100 island: the layer's floor with
+    the calibration, without it (every GEMM at the 0.803 ceiling) and the LM head's."""
+    job = load_job(INSTANCES / "jobs" / f"{name}.toml")
+    island = next(i for i in job_islands(job).islands if i.gpu.name == "H100-SXM-80GB")
+    m, gpus, seq = job.model, island.gpus, job.training.seq_len
+    per_gpu, peak = job.training.tokens / gpus, 989e12 * 0.803
+    layer, head = kernel_floor(job, island, len(island.nodes), AnalyticParallelizer().calibration)
+    assert layer == pytest.approx(per_gpu * _h100_layer_by_hand(m.hidden, ffn, up, seq), rel=1e-9)
+    # The LM head: 6 · vocab · hidden FLOPs per token at the ceiling.
+    assert head == pytest.approx(per_gpu * 6 * m.vocab * m.hidden / peak, rel=1e-9)
+    # Without the calibration: 6 · (4 h² + (up + 1) h ffn) GEMM FLOPs per token at the ceiling.
+    bare, _ = kernel_floor(job, island, len(island.nodes))
+    gemm = 6 * (4 * m.hidden ** 2 + (up + 1) * m.hidden * ffn) / peak
+    attention = 3 * 4 * seq * m.hidden / (989e12 * 2 * 0.58)
+    assert bare == pytest.approx(per_gpu * (gemm + attention), rel=1e-9)
+    assert bare < layer  # the widest shapes still fall short of the ceiling

@@ -19,7 +19,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from typing import Sequence
 
-from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer
+from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer, kernel_calibration
 from solver.islands import IslandSet
 from solver.planner.plan import Plan
 from solver.planner.plancache import MemoParallelizer
@@ -146,10 +146,13 @@ class ReplicaMemo:
     fast" is remembered with its budget and answers every later ask at that budget or below;
     a larger budget plans again (the search asks at the largest budget any partition can
     still use, so it does not happen there). ``ahead``: shares per replica the window walk
-    plans at once (the planner's workers; one in this process)."""
+    plans at once (the planner's workers; one in this process); ``calib``: its
+    parallelizer's kernel calibration, for the floors
+    (:func:`~solver.cost.parallelizer.kernel_calibration`)."""
 
     def __init__(self, job: JobSpec, planner: ReplicaPlanner):
         self.job, self.planner, self.ahead = job, planner, planner.parallel
+        self.calib = kernel_calibration(planner.par)  # the floors' kernel rates, read once
         self.plans: dict[tuple[tuple[str, ...], int], Plan | float] = {}
         self.calls = 0
 

@@ -34,7 +34,7 @@ from typing import Iterator, Sequence
 from solver.cost.efficiency import Calibration
 from solver.cost.frameworks import profile
 from solver.cost.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
-from solver.cost.parallelizer import Parallelizer, kernel_calibration
+from solver.cost.parallelizer import Parallelizer
 from solver.planner.candidates import MAX_AUTO_MICRO
 from solver.planner.floors import pipeline_floor
 from solver.planner.plan import Plan, SolverInfo
@@ -102,14 +102,10 @@ def replica_floor(job: JobSpec, group: Sequence[Island], share: int,
                   calib: Calibration | None = None) -> float:
     """No replica on ``group`` trains ``share`` sequences faster (provably safe).
 
-    With ``n`` micro-batches of work ``W`` each, stages on groups of capacities ``C_g`` (at
-    their fastest kernel rates, :func:`~solver.planner.floors.compute_floor`; ``calib``: the
-    parallelizer's calibration)
-    and ``C`` the capacity of the islands, 1F1B needs at least ``(n − 1) · max τ + Σ τ`` with
-    ``max τ ≥ W / C`` and ``Σ τ ≥ W / max_g C_g ≥ W / C_max`` (one island's capacity: every
-    stage lies in one island), so ``T ≥ W ((n − 1)/C + 1/C_max)``; the interleaved schedule,
-    on one island's group, needs ``n · W / C_max``, more. ``n`` is the job's, or the largest
-    searched when it is searched (the bound falls with ``n``).
+    The share's part of :func:`~solver.planner.floors.pipeline_floor` over ``group`` (1F1B
+    with every kernel at its fastest rate; ``calib``: the parallelizer's calibration); the
+    interleaved schedule, on one island's group, needs its compute floor, more. ``n`` is the
+    job's, or the largest searched when it is searched (the bound falls with ``n``).
     """
     n = job.training.n_micro or MAX_AUTO_MICRO
     return share / job.training.global_batch * pipeline_floor(job, group, n, calib)
@@ -211,7 +207,7 @@ def _solve_partition(reps: ReplicaMemo, part: Partition, unit: int, st: _State,
     # Replicas are planned up to the largest budget any partition can still ask for (the
     # smallest all-reduce), so each (islands, share) is planned once; times compare to ours.
     ask = st.value - st.least_allreduce
-    windows = share_window(job, part, unit, budget, kernel_calibration(reps.planner.par))
+    windows = share_window(job, part, unit, budget, reps.calib)
     if any(len(w) == 0 for w in windows):
         return True  # some replica has no share a better plan could use
     his, times = [w[-1] for w in windows], [dict() for _ in part]
@@ -273,7 +269,7 @@ def proportional_shares(job: JobSpec, part: Partition, unit: int,
 def _try_proportional(reps: ReplicaMemo, part: Partition, unit: int, st: _State) -> None:
     """Improve ``st`` with the proportional shares of ``part`` (a heuristic incumbent; the
     exact pass plans these shares again from the cache)."""
-    shares = proportional_shares(reps.job, part, unit, kernel_calibration(reps.planner.par))
+    shares = proportional_shares(reps.job, part, unit, reps.calib)
     if shares is None:
         return
     extra, ask = allreduce_s(reps.job, part), st.value - st.least_allreduce
@@ -307,7 +303,7 @@ def _search(reps: ReplicaMemo, single: Plan, islands: tuple[Island, ...], limit:
     st = _State(single.iteration_time_s)
     every = list(partitions(islands, limit))
     st.total = len(every)
-    ranked = ranked_partitions(job, every, kernel_calibration(reps.planner.par))
+    ranked = ranked_partitions(job, every, reps.calib)
     parts = [p for _, p in ranked]
     st.least_allreduce = min((allreduce_s(job, p) for p in parts), default=0.0)
     # A good incumbent first narrows every window of the exact pass; the partitions of the

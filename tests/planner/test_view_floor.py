@@ -76,16 +76,14 @@ n_micro = 1
 """
 
 
-def test_the_floor_holds_where_attention_dominates(tmp_path):
+def test_the_floor_holds_where_attention_dominates(floor_jobs):
     """At 128k tokens the attention core is most of the FLOPs, and a fused kernel runs the
     causal half of the square Megatron counts: per counted FLOP 2 x 0.58 of the H200's peak,
     faster than any GEMM. Charged at the GEMM ceiling, as before, the floor (5.18 s) stood
     above this plan (4.72 s, tp 8 x dp 16, no recomputation)."""
     from solver.cost.stage_costs import model_flops_per_token
-    from solver.planner.search import job_islands, plan_job
-    path = tmp_path / "long.toml"
-    path.write_text(LONG_CONTEXT)
-    job = load_job(path)
+    from solver.planner.search import plan_job
+    job = floor_jobs[0]  # LONG_CONTEXT
     (island,) = job_islands(job).islands
     plan = plan_job(job)
     floor = compute_floor(job, island, len(island.nodes))

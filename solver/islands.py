@@ -10,7 +10,7 @@ at most ``t_merge``. ``formulations.island_merge`` solves the phase-2 decision e
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import networkx as nx
 
@@ -235,16 +235,12 @@ def weakest_node(island: Island) -> Node:
     Every node of an island is planned at these values, so any group of its nodes can run any
     partial plan made for a group of that size (the seed note, Algorithm 1).
     """
-    nvlinks = [n.gpu.nvlink_gbs for n in island.nodes]
-    gpu = replace(island.gpu, bf16_tflops=island.tflops_per_gpu, hbm_gb=island.hbm_gb,
-                  hbm_bw_gbs=island.hbm_bw_gbs, nvlink_gbs=min(nvlinks),
-                  pcie_gbs=island.pcie_gbs, nic_gbits=island.nic_gbits)
-    return Node(f"{island.name}-weakest", gpu, island.gpus_per_node, island.nic_gbits, 1.0)
+    return island.effective_node
 
 
 def group_island(island: Island, nodes: int) -> Island:
-    """``nodes`` nodes of ``island`` at its effective figures: what a stage group is planned on."""
-    node = weakest_node(island)
-    return Island(f"{island.name}", tuple(Node(f"{island.name}-g{i}", node.gpu, node.gpus,
-                                               node.nic_gbits, node.perf)
-                                          for i in range(nodes)))
+    """``nodes`` nodes of ``island`` at its effective figures: what a stage group is planned on
+    (its nodes are built once per island: the planner asks for groups of every size often)."""
+    if not 0 < nodes <= len(island.nodes):
+        raise ValueError(f"a group of {nodes} nodes of {island.name} ({len(island.nodes)} nodes)")
+    return Island(island.name, island.effective_nodes[:nodes])

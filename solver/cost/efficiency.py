@@ -178,8 +178,8 @@ class Links:
         """The island's links, derated by the calibration's efficiencies."""
         # NVLink datasheet figures are bidirectional totals: one direction carries half. A GPU
         # without NVLink talks to its node peers over PCIe, whose figure is already per direction.
-        intra = min(n.gpu.nvlink_gbs / 2 if n.gpu.nvlink_gbs else n.gpu.pcie_gbs
-                    for n in island.nodes)
+        intra = min(g.nvlink_gbs / 2 if g.nvlink_gbs else g.pcie_gbs
+                    for g in island.gpu_types)
         return cls(
             intra_bw=intra * 1e9 * calib.nvlink_eff,
             inter_bw=island.nic_gbits / 8 * 1e9 * calib.nic_eff,

@@ -165,10 +165,10 @@ def _time_inputs(model: ModelSpec, island: Island, seq_len: int, calib: Calibrat
     gpu, prec = island.gpu, runtime.precision
     sixteen = island.tflops_per_gpu * 1e12
     peak = sixteen * gpu.peak_tflops(prec) / gpu.peak_tflops(Precision.BF16)
-    ceiling = min(n.gpu.gemm_ceiling(prec) for n in island.nodes)
+    ceiling = min(g.gemm_ceiling(prec) for g in island.gpu_types)
     fused = (calib.attention is AttentionKernel.FLASH and not runtime.profile.unfused_attention
-             and all(n.gpu.attention != "unfused" for n in island.nodes))
-    attention = min(n.gpu.attention_eff for n in island.nodes) if fused else None
+             and all(g.attention != "unfused" for g in island.gpu_types))
+    attention = min(g.attention_eff for g in island.gpu_types) if fused else None
     return TimeInputs(model, seq_len, peak, sixteen, machine_balance(island), ceiling, attention,
                       Links.of(island, calib), calib, runtime.profile, runtime.overlap)
 
@@ -176,7 +176,7 @@ def _time_inputs(model: ModelSpec, island: Island, seq_len: int, calib: Calibrat
 def _fp8(island: Island, runtime: Runtime) -> bool:
     """The stage runs FP8 GEMMs (asked for, and every GPU of the island has them)."""
     return runtime.precision is Precision.FP8 and all(
-        n.gpu.runs_in(Precision.FP8) == "fp8" for n in island.nodes)
+        g.runs_in(Precision.FP8) == "fp8" for g in island.gpu_types)
 
 
 def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,

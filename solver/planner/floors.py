@@ -61,7 +61,7 @@ def kernel_floor(job: JobSpec, island: Island, nodes: int,
     ``island`` at the module's rates (``calib``: the parallelizer's calibration, for the
     size-dependent GEMM efficiency and the memory-bound operators; None: ceilings only).
     Provably safe for the analytic cost model."""
-    prec, gpus, m = job.training.precision, {n.gpu for n in island.nodes}, job.model
+    prec, gpus, m = job.training.precision, island.gpu_types, job.model
     sixteen = island.tflops_per_gpu * 1e12
     ceiling = max(max(g.gemm_ceiling(prec), g.gemm_eff) for g in gpus)
     gemm_rate = sixteen * precision_speedup(island, prec) * ceiling

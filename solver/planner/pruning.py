@@ -97,7 +97,7 @@ def precision_speedup(island: Island, precision: Precision) -> float:
     if precision is Precision.BF16:  # the figure islands are rated at
         return 1.0
     return max(max(g.peak_tflops(precision), g.peak_tflops(Precision.BF16))
-               / g.peak_tflops(Precision.BF16) for g in {n.gpu for n in island.nodes})
+               / g.peak_tflops(Precision.BF16) for g in island.gpu_types)
 
 
 def peak_flops(island: Island, precision: Precision = Precision.BF16) -> float:

@@ -6,7 +6,7 @@ objects here only derive values (parameter counts, node lists) from already-vali
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -328,11 +328,19 @@ class Island:
         Member nodes.
 
     The effective figures walk every node, and the planner asks for them many times per
-    plan, so each is computed once per island (the island is immutable).
+    plan, so each is computed once per island (the island is immutable); so is its hash, which
+    walks every node too (islands and their groups key the planner's memos).
     """
 
     name: str
     nodes: tuple[Node, ...]
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash((self.name, self.nodes))
 
     @classmethod
     def homogeneous(cls, name: str, gpu: GPUSpec, gpus: int, gpus_per_node: int = 8,
@@ -388,6 +396,28 @@ class Island:
     def nic_gbits(self) -> float:
         """Effective network bandwidth per GPU."""
         return min(n.nic_gbits for n in self.nodes)
+
+    @cached_property
+    def gpu_types(self) -> frozenset[GPUSpec]:
+        """The GPU types of its members (one, unless islands were merged)."""
+        return frozenset(n.gpu for n in self.nodes)
+
+    @cached_property
+    def effective_node(self) -> Node:
+        """One node with the island's effective (weakest-member) figures."""
+        gpu = replace(self.gpu, bf16_tflops=self.tflops_per_gpu, hbm_gb=self.hbm_gb,
+                      hbm_bw_gbs=self.hbm_bw_gbs,
+                      nvlink_gbs=min(n.gpu.nvlink_gbs for n in self.nodes),
+                      pcie_gbs=self.pcie_gbs, nic_gbits=self.nic_gbits)
+        return Node(f"{self.name}-weakest", gpu, self.gpus_per_node, self.nic_gbits, 1.0)
+
+    @cached_property
+    def effective_nodes(self) -> tuple[Node, ...]:
+        """As many nodes as it has, each the :attr:`effective_node` (named ``<name>-g<i>``):
+        the first ``g`` of them are any stage group of ``g`` of its nodes."""
+        e = self.effective_node
+        return tuple(Node(f"{self.name}-g{i}", e.gpu, e.gpus, e.nic_gbits, e.perf)
+                     for i in range(len(self.nodes)))
 
     @cached_property
     def total_tflops(self) -> float:

@@ -78,6 +78,7 @@ class ReplicaPlanner:
         self.workers = workers if parallelizer is None and workers > 1 else 1
         self._conns: list[Connection] = []
         self._procs: list = []
+        self._flying: dict[Connection, Ask] = {}  # what each busy worker plans (send/receive)
 
     def __enter__(self) -> "ReplicaPlanner":
         for _ in range(self.workers if self.workers > 1 else 0):
@@ -91,6 +92,9 @@ class ReplicaPlanner:
         return self
 
     def __exit__(self, *exc) -> None:
+        for conn, proc in zip(self._conns, self._procs):
+            if conn in self._flying:  # still planning an ask no one waits for (a deadline)
+                proc.terminate()
         for conn in self._conns:
             try:
                 conn.send(None)
@@ -103,26 +107,47 @@ class ReplicaPlanner:
     def plan(self, asks: Sequence[Ask]) -> list[Planned]:
         """The plan of every ask (None: none faster than its budget) and its calls, in order.
 
-        Each idle worker takes the first waiting ask of its own shares, else the first
-        waiting ask: the memo is reused where it can be, and no worker idles while asks
-        wait."""
+        The first waiting ask whose own worker idles goes first, else the first waiting ask:
+        the memo is reused where it can be, and no worker idles while asks wait."""
         if not self._conns:
             return [plan_share(self.job, self.config, a, self.islands, self.par) for a in asks]
-        waiting, busy = list(range(len(asks))), {}
-        got: list = [None] * len(asks)
-        while waiting or busy:
-            for conn in self._conns:
-                if conn not in busy and waiting:
-                    own = [i for i in waiting if self._home(asks[i]) is conn]
-                    busy[conn] = (own or waiting)[0]
-                    waiting.remove(busy[conn])
-                    conn.send(asks[busy[conn]])
-            for conn in wait(list(busy)):
-                got[busy.pop(conn)] = conn.recv()
-        # An ask that failed in a worker is planned here, in order, so its own error is raised.
-        return [plan_share(self.job, self.config, a, self.islands, self.par)
-                if isinstance(g, str)
-                else g for a, g in zip(asks, got)]
+        waiting, got = list(dict.fromkeys(asks)), {}
+        while waiting or self._flying:
+            while waiting and self.idle():
+                own = [a for a in waiting if self._home(a) not in self._flying]
+                waiting.remove(first := (own or waiting)[0])
+                self.send(first)
+            got.update(self.receive())
+        return [got[a] for a in asks]
+
+    def idle(self) -> int:
+        """Workers with nothing to plan (for :meth:`send`)."""
+        return len(self._conns) - len(self._flying)
+
+    def flying(self) -> dict[tuple[tuple[str, ...], int], float]:
+        """The asks being planned, by (island names, share), with their budgets."""
+        return {(a[0], a[1]): a[2] for a in self._flying.values()}
+
+    def home_idle(self, ask: Ask) -> bool:
+        """Whether the ask's own worker (:meth:`send`) idles."""
+        return self._home(ask) not in self._flying
+
+    def send(self, ask: Ask) -> None:
+        """Give the ask to its own worker when that one idles, else to an idle one."""
+        idle = [c for c in self._conns if c not in self._flying]
+        conn = self._home(ask) if self._home(ask) in idle else idle[0]
+        conn.send(ask)
+        self._flying[conn] = ask
+
+    def receive(self) -> list[tuple[Ask, Planned]]:
+        """The asks sent whose plans are back (waiting for one at least; none if none is
+        out); an ask whose planning raised in its worker is planned here, to raise."""
+        out = [(self._flying.pop(c), c.recv()) for c in (wait(list(self._flying))
+                                                        if self._flying else [])]
+        if any(isinstance(got, str) for _, got in out):  # first the others, so none is left
+            out += [(self._flying.pop(c), c.recv()) for c in list(self._flying)]
+        return [(a, plan_share(self.job, self.config, a, self.islands, self.par)
+                 if isinstance(got, str) else got) for a, got in out]
 
     def _home(self, ask: Ask) -> Connection:
         """The worker whose memo has the ask's share (share units ``mod`` workers)."""
@@ -160,16 +185,32 @@ class ReplicaMemo:
         got = self.plans.get(key)
         return isinstance(got, Plan) or (got is not None and budget <= got)
 
+    def known(self, ask: Ask) -> bool:
+        """Whether :meth:`time` answers the ask (island names, share, budget) without planning."""
+        return self._known((ask[0], ask[1]), ask[2])
+
     def _store(self, key: tuple[tuple[str, ...], int], planned: Planned, budget: float) -> None:
         plan, calls = planned
         self.calls += calls  # a search that found nothing faster costs calls as well
         self.plans[key] = budget if plan is None else plan
 
+    def store(self, ask: Ask, planned: Planned) -> None:
+        """Remember what planning the ask (island names, share, budget) gave."""
+        self._store((ask[0], ask[1]), planned, ask[2])
+
+    def unknown(self, asks: Sequence[tuple[Sequence[Island], int, float]]
+                ) -> dict[tuple[tuple[str, ...], int], float]:
+        """The asks :meth:`time` cannot answer yet, by key, each at its largest budget (which
+        answers the others)."""
+        todo: dict[tuple[tuple[str, ...], int], float] = {}
+        for g, b, u in asks:
+            todo[_key(g, b)] = max(u, todo.get(_key(g, b), u))
+        return {k: u for k, u in todo.items() if not self._known(k, u)}
+
     def prefetch(self, asks: Sequence[tuple[tuple[Island, ...], int, float]]) -> None:
         """Plan the asks :meth:`time` cannot answer yet, side by side (a no-op in this
         process)."""
-        todo = {_key(g, b): u for g, b, u in asks}
-        todo = {k: u for k, u in todo.items() if not self._known(k, u)}
+        todo = self.unknown(asks)
         if self.ahead < 2 or len(todo) < 2:
             return
         for (k, u), plan in zip(todo.items(), self.planner.plan([(k[0], k[1], u)

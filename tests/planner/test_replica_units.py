@@ -10,9 +10,10 @@ import pytest
 import solver.planner.replica_workers as replica_workers
 import solver.planner.replicas as replicas
 from solver.planner.replica_workers import ReplicaMemo, ReplicaPlanner
-from solver.planner.replicas import (_note, _State, best_shares, holds_model,
-                                     partition_bound, proportional_shares, replica_floor,
-                                     share_window)
+from solver.planner.replica_pass import SearchState as _State
+from solver.planner.replica_pass import solve_partition as _solve_partition
+from solver.planner.replicas import (_note, best_shares, holds_model, partition_bound,
+                                     proportional_shares, replica_floor, share_window)
 from solver.planner.search import PlannerConfig, job_islands, plan_job
 from solver.planner.replica_plan import allreduce_s, replica_job
 from solver.spec.domain import FeaturePreset
@@ -43,6 +44,8 @@ def test_proportional_shares_follow_the_floor_rates(job):
 def test_share_dp_breaks_ties_towards_the_first_vector_found():
     # (1, 2) and (2, 1) both give 1.0: the DP keeps the first (smaller first share).
     assert best_shares([{1: 1.0, 2: 1.0}, {1: 1.0, 2: 1.0}], 3, 1) == (1.0, (1, 2))
+    # Whatever order the shares were planned in (the window walk plans from the top).
+    assert best_shares([{2: 1.0, 1: 1.0}, {2: 1.0, 1: 1.0}], 3, 1) == (1.0, (1, 2))
 
 
 def _in_process(job, unit=8):
@@ -221,7 +224,6 @@ def test_proportional_incumbent_by_hand(job):
 
 
 def test_a_partition_below_every_floor_is_settled_without_planning(job):
-    from solver.planner.replicas import _solve_partition
     isl = job_islands(job).islands
     part = ((isl[0],), (isl[2],))
     extra = allreduce_s(job, part)
@@ -243,7 +245,6 @@ def test_export_refusal_text():
 def test_one_partition_solved_from_scratch_equals_its_brute_force(job):
     """With no incumbent the exact pass plans every share of the partition and its DP must
     find the brute-force min-max (plus the all-reduce)."""
-    from solver.planner.replicas import _solve_partition
     isl = job_islands(job).islands
     part = ((isl[0],), (isl[2],))
     extra = allreduce_s(job, part)

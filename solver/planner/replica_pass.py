@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Generator, Sequence
 
-from solver.planner.replica_bounds import Partition, share_window
+from solver.planner.replica_bounds import Partition, replica_floor, share_window
 from solver.planner.replica_plan import allreduce_s
 from solver.planner.replica_workers import Ask, ReplicaMemo
 from solver.spec.domain import Island
@@ -71,45 +71,56 @@ def best_shares(times: Sequence[dict[int, float]], batch: int, unit: int
 
 
 def partition_search(reps: ReplicaMemo, part: Partition, unit: int, st: SearchState) -> Search:
-    """The exact search of ``part``'s shares against the incumbent of ``st`` when it starts.
+    """The exact search of ``part``'s shares against the incumbent of ``st``.
 
     It yields the asks it reads next and those worth planning ahead, and reads them through
     :meth:`ReplicaMemo.time` once resumed; it returns the best value and shares, None when no
-    shares beat that incumbent. Each replica's window (:func:`share_window`) is first shrunk
+    shares beat the incumbent. Each replica's window (:func:`share_window`) is first shrunk
     from the top: a largest share whose plan is not faster than the incumbent is of no use,
     which raises the smallest share the other replicas may take. Then every share left is
-    planned and the shares are chosen exactly (:func:`best_shares`)."""
+    planned and the shares are chosen exactly (:func:`best_shares`). The incumbent is read
+    again at every step: searched side by side, an earlier partition may lower it meanwhile
+    (only plans beating it can matter, so a lower one only cuts more)."""
     job, batch = reps.job, reps.job.training.global_batch
     extra = allreduce_s(job, part)
-    budget = st.value - extra
-    # Replicas are planned up to the largest budget any partition can still ask for (the
-    # smallest all-reduce), so each (islands, share) is planned once; times compare to ours.
-    ask = st.value - st.least_allreduce
-    windows = share_window(job, part, unit, budget, reps.calib)
+    windows = share_window(job, part, unit, st.value - extra, reps.calib)
     if any(len(w) == 0 for w in windows):
         return None  # some replica has no share a better plan could use
     his, times = [w[-1] for w in windows], [dict() for _ in part]
-    if (yield from _shrink_tops(reps, part, unit, (budget, ask), (his, times))):
+    if (yield from _shrink_tops(reps, part, unit, (st, extra), (his, times))):
         return None
-    asks = [(g, b, ask) for r, g in enumerate(part)
+    asks = [(g, b) for r, g in enumerate(part)
             for b in range(max(unit, batch - (sum(his) - his[r])), his[r] + 1, unit)
             if b not in times[r]]
     for k in range(0, len(asks), 4):
-        yield asks[k:k + 4], []
-        for g, b, _ in asks[k:k + 4]:
+        ask = _ask(st)
+        yield [(g, b, ask) for g, b in asks[k:k + 4]], []
+        for g, b in asks[k:k + 4]:
             times[part.index(g)][b] = reps.time(g, b, ask)
     found = best_shares(times, batch, unit)
     return None if found is None else (found[0] + extra, found[1])
 
 
-def _shrink_tops(reps: ReplicaMemo, part: Partition, unit: int, budgets: tuple[float, float],
+def _ask(st: SearchState) -> float:
+    """The budget replicas are planned at: the largest any partition can still use (the
+    incumbent less the smallest all-reduce), so each (islands, share) is planned once."""
+    return st.value - st.least_allreduce
+
+
+def _shrink_tops(reps: ReplicaMemo, part: Partition, unit: int,
+                 incumbent: tuple[SearchState, float],
                  state: tuple[list[int], list[dict[int, float]]]
                  ) -> Generator[tuple[Asks, Asks], None, bool]:
     """Walk every window's top (``his``, planned times in ``times``) down until each top
-    beats ``budget``; planned at ``ask``. Returns True when no shares of the partition beat
-    the incumbent (settled), False when the tops hold."""
-    (budget, ask), (his, times), batch = budgets, state, reps.job.training.global_batch
+    beats the incumbent less the partition's all-reduce. Returns True when no shares of the
+    partition beat the incumbent (settled), False when the tops hold."""
+    (st, extra), (his, times), batch = incumbent, state, reps.job.training.global_batch
     while True:
+        for r in range(len(part)):  # tops no faster than the budget are of no use
+            while his[r] >= unit and (times[r].get(his[r], 0.0) >= st.value - extra or
+                                      replica_floor(reps.job, part[r], his[r], reps.calib)
+                                      >= st.value - extra):
+                his[r] -= unit
         if any(his[r] < max(unit, batch - (sum(his) - his[r])) for r in range(len(part))):
             return True
         walking = [r for r in range(len(part)) if his[r] not in times[r]]
@@ -117,12 +128,12 @@ def _shrink_tops(reps: ReplicaMemo, part: Partition, unit: int, budgets: tuple[f
             return False
         # With workers, the shares just below each top are planned alongside it: a top that
         # fails needs the next one, and one that holds has the exact pass plan those below.
+        ask = _ask(st)
         yield ([(part[r], his[r], ask) for r in walking],
                [(part[r], b, ask) for r in walking
                 for b in range(his[r] - unit, max(0, his[r] - reps.ahead * unit), -unit)])
         for r in walking:
             times[r][his[r]] = reps.time(part[r], his[r], ask)
-            his[r] -= unit * (times[r][his[r]] >= budget)
 
 
 def solve_partition(reps: ReplicaMemo, part: Partition, unit: int, st: SearchState,

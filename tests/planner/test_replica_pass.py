@@ -48,6 +48,22 @@ def test_a_stale_budget_finds_the_same_best_shares(job):
     assert _run(partition_search(below, part, 8, SearchState(wide[0]))) is None  # a tie: none
 
 
+def test_an_incumbent_lowered_mid_search_is_read_and_keeps_the_best(job):
+    """Side by side, an earlier partition may lower the incumbent while this one walks: the
+    walk cuts with the new one (fewer replicas planned) and finds the same best shares."""
+    isl = job_islands(job).islands
+    part = ((isl[0],), (isl[2],))
+    fresh = lambda: ReplicaMemo(job, ReplicaPlanner(job, PlannerConfig(), 8))  # noqa: E731
+    loose = fresh()
+    wide = _run(partition_search(loose, part, 8, SearchState(math.inf)))
+    reps, st = fresh(), SearchState(math.inf)
+    search = partition_search(reps, part, 8, st)
+    next(search)
+    st.value = wide[0] * 1.001  # the incumbent moves after the first asks
+    assert _run(search) == wide
+    assert len(reps.plans) < len(loose.plans)
+
+
 def test_partitions_side_by_side_give_the_answer_of_one_at_a_time(job, monkeypatch):
     active = []
     real, init = ParallelPass._start, ReplicaMemo.__init__

@@ -328,19 +328,11 @@ class Island:
         Member nodes.
 
     The effective figures walk every node, and the planner asks for them many times per
-    plan, so each is computed once per island (the island is immutable); so is its hash, which
-    walks every node too (islands and their groups key the planner's memos).
+    plan, so each is computed once per island (the island is immutable).
     """
 
     name: str
     nodes: tuple[Node, ...]
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    @cached_property
-    def _hash(self) -> int:
-        return hash((self.name, self.nodes))
 
     @classmethod
     def homogeneous(cls, name: str, gpu: GPUSpec, gpus: int, gpus_per_node: int = 8,

@@ -108,7 +108,9 @@ class ReplicaPlanner:
         """The plan of every ask (None: none faster than its budget) and its calls, in order.
 
         The first waiting ask whose own worker idles goes first, else the first waiting ask:
-        the memo is reused where it can be, and no worker idles while asks wait."""
+        the memo is reused where it can be, and no worker idles while asks wait. Not for use
+        while asks given by :meth:`send` are out (their plans would come back here)."""
+        assert not self._flying, "plan() while asks sent by send() are out"
         if not self._conns:
             return [plan_share(self.job, self.config, a, self.islands, self.par) for a in asks]
         waiting, got = list(dict.fromkeys(asks)), {}

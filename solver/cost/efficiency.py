@@ -147,6 +147,13 @@ def gemm_time(flops: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, pe
     return flops / (peak_flops * gemm_efficiency(m, n, k, calib, balance, ceiling))
 
 
+def intra_node_gbs(island: Island) -> float:
+    """GB/s one GPU of ``island`` sends to a node peer in one direction, at its weakest GPU type."""
+    # NVLink datasheet figures are bidirectional totals: one direction carries half. A GPU
+    # without NVLink talks to its node peers over PCIe, whose figure is already per direction.
+    return min(g.nvlink_gbs / 2 if g.nvlink_gbs else g.pcie_gbs for g in island.gpu_types)
+
+
 @dataclass(frozen=True)
 class Links:
     """Per-GPU, per-direction bandwidths (bytes/s) and step latencies of one island.
@@ -176,12 +183,8 @@ class Links:
     @classmethod
     def of(cls, island: Island, calib: Calibration) -> "Links":
         """The island's links, derated by the calibration's efficiencies."""
-        # NVLink datasheet figures are bidirectional totals: one direction carries half. A GPU
-        # without NVLink talks to its node peers over PCIe, whose figure is already per direction.
-        intra = min(g.nvlink_gbs / 2 if g.nvlink_gbs else g.pcie_gbs
-                    for g in island.gpu_types)
         return cls(
-            intra_bw=intra * 1e9 * calib.nvlink_eff,
+            intra_bw=intra_node_gbs(island) * 1e9 * calib.nvlink_eff,
             inter_bw=island.nic_gbits / 8 * 1e9 * calib.nic_eff,
             intra_lat=calib.nvlink_latency_s,
             inter_lat=calib.nic_latency_s,

@@ -35,7 +35,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from solver.cost.efficiency import Calibration
+from solver.cost.efficiency import Calibration, intra_node_gbs
 from solver.cost.parallelizer import (
     MemoryBreakdown,
     Parallelizer,
@@ -90,7 +90,7 @@ def parallelizer_identity(inner: Parallelizer) -> str:
 
 def island_signature(island: Island) -> dict[str, Any]:
     """Everything of an island the cost model reads (node ids and names excluded)."""
-    intra = min(g.nvlink_gbs / 2 if g.nvlink_gbs else g.pcie_gbs for g in island.gpu_types)
+    intra = intra_node_gbs(island)
     return {"gpu": island.gpu.name, "gpus": island.gpus, "gpus_per_node": island.gpus_per_node,
             "nodes": len(island.nodes), "tflops_per_gpu": island.tflops_per_gpu,
             "hbm_gb": island.hbm_gb, "hbm_bw_gbs": island.hbm_bw_gbs,

@@ -38,7 +38,7 @@ from solver.planner.replica_workers import ReplicaMemo, ReplicaPlanner
 from solver.planner.search import PlannerConfig, job_islands
 from solver.spec.domain import Island, JobSpec
 
-__all__ = ["ReplicaOptions", "share_unit", "partitions", "partition_bound", "ranked_partitions",
+__all__ = ["ReplicaOptions", "replica_search_runs", "share_unit", "partitions", "partition_bound", "ranked_partitions",
            "share_window", "best_shares", "holds_model", "replica_floor", "proportional_shares",
            "plan_replicas"]
 
@@ -62,6 +62,15 @@ class ReplicaOptions:
     share_steps: int = 32
     time_limit_s: float = 30.0
     workers: int = 1
+
+
+def replica_search_runs(job: JobSpec) -> bool:
+    """Whether the replica search runs for ``job``: not with ``[constraints] max_replicas = 1``,
+    nor when the job's budget (``max_usd_per_hour``) or throughput target (``min_tokens_per_s``)
+    chose among island sets (such plans stay single-pipeline)."""
+    p = job.planner
+    return p.max_usd_per_hour is None and p.min_tokens_per_s is None and \
+        job.constraints.max_replicas != 1
 
 
 def share_unit(job: JobSpec, steps: int) -> int:

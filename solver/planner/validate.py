@@ -192,6 +192,9 @@ def _constraints(plan: Plan, job: JobSpec) -> list[str]:
         out.append(f"{depth} pipeline stages exceed constraints.max_stages {c.max_stages}")
     if c.pp is not None and depth not in c.pp:
         out.append(f"{depth} pipeline stages are not in constraints.pp {list(c.pp)}")
+    fixed = job.training.n_micro  # None: the planner searches n_micro
+    if fixed is not None and plan.n_micro != fixed:
+        out.append(f"n_micro {plan.n_micro} is not the job's training.n_micro {fixed}")
     schedule = Schedule.INTERLEAVED if plan.virtual_stages > 1 else Schedule.ONE_F_ONE_B
     if not c.allows_schedule(schedule):
         out.append(f"schedule {schedule.value} is not in constraints.schedule")

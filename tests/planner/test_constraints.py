@@ -58,6 +58,12 @@ def test_validator_rejects_a_plan_outside_the_constraints(tmp_path, free):
     assert any("constraints.tp" in p for p in problems(free, job))
 
 
+def test_validator_rejects_a_plan_at_another_fixed_n_micro(tmp_path, free):
+    # The job fixes n_micro = 2; the free plan was made at 4 micro-batches.
+    job = load_job(write_job(tmp_path, GPUS, layers=8, n=2))
+    assert "n_micro 4 is not the job's training.n_micro 2" in problems(free, job)
+
+
 @pytest.mark.parametrize("table,key", [
     ("tp = [0]\n", "constraints.tp"),
     ('recompute = ["sometimes"]\n', "constraints.recompute"),

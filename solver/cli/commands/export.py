@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Re-validate the plan against the job, then export it."""
-    from solver.studies.replan import previous_plan
+    from solver.studies.previous import previous_plan
     job = load_job(args.job)
     payload = read_json(args.plan)
     replicas = payload.get("replicas") if isinstance(payload, dict) else None

@@ -10,7 +10,7 @@ from solver.cli.report import (emit_json, idle_lines, island_json, island_rows, 
 from solver.planner.baselines import Baseline, plan_baseline
 from solver.planner.plan import Plan, plan_json
 from solver.planner.replica_plan import ReplicatedPlan, replicated_json
-from solver.planner.replicas import ReplicaOptions, plan_replicas
+from solver.planner.replicas import ReplicaOptions, plan_replicas, replica_search_runs
 from solver.planner.search import PlannerConfig
 from solver.spec.domain import FeaturePreset, SolverKind
 from solver.spec.errors import InputError
@@ -40,13 +40,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--emit", choices=("flagscale", "megatron"),
                    help="print the plan as FlagScale YAML or Megatron-LM arguments instead")
     p.add_argument("-o", "--output", metavar="FILE", help="with --emit: write to FILE")
+    add_replica_flags(p)
+    p.set_defaults(func=run)
+
+
+def add_replica_flags(p: argparse.ArgumentParser) -> None:
+    """``--replica-time-limit`` and ``--workers`` (``plan`` and ``replan``)."""
     p.add_argument("--replica-time-limit", type=float, metavar="S",
                    help="time limit of the search over pipeline replicas across islands "
                         "(default 30 s; the plan says when it stops before a proof)")
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), metavar="N",
                    help="processes for the n_micro search and the replica search (default: "
                         "min(2, CPUs); same plan)")
-    p.set_defaults(func=run)
 
 
 def planner_config(args: argparse.Namespace) -> PlannerConfig:
@@ -77,19 +82,23 @@ def make_plan(args: argparse.Namespace) -> Plan:
     return plan_with_targets(job, config, parallelizer)
 
 
-def search_replicas(args: argparse.Namespace, plan: Plan) -> ReplicatedPlan | None:
-    """The replica search over ``plan`` (None for a baseline, or when the job's budget or
-    throughput target chose among island sets: such plans stay single-pipeline)."""
-    job = plan.job
-    if args.baseline or job.planner.max_usd_per_hour is not None or \
-            job.planner.min_tokens_per_s is not None or job.constraints.max_replicas == 1:
-        return None
+def replica_options(args: argparse.Namespace) -> ReplicaOptions:
+    """The replica search's options the flags set."""
+    if args.workers < 1:
+        raise InputError("<cli>", "--workers", f"must be >= 1, got {args.workers}")
     limit = args.replica_time_limit
     if limit is not None and not limit > 0:
         raise InputError("<cli>", "--replica-time-limit", f"must be > 0 seconds, got {limit}")
-    options = ReplicaOptions(workers=args.workers) if limit is None else \
+    return ReplicaOptions(workers=args.workers) if limit is None else \
         ReplicaOptions(time_limit_s=limit, workers=args.workers)
-    return plan_replicas(job, plan, planner_config(args), options=options)
+
+
+def search_replicas(args: argparse.Namespace, plan: Plan) -> ReplicatedPlan | None:
+    """The replica search over ``plan`` (None for a baseline, or where it does not run for
+    the job: :func:`~solver.planner.replicas.replica_search_runs`)."""
+    if args.baseline or not replica_search_runs(plan.job):
+        return None
+    return plan_replicas(plan.job, plan, planner_config(args), options=replica_options(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,18 +134,22 @@ def run(args: argparse.Namespace) -> int:
     if rp is not None:
         print(f"replicas: one pipeline ({rp.note})")
     if args.explain:
-        print("\nper stage (per GPU unless marked):")
-        print(render_table([{
-            "stage": r.stage, "params B (all)": f"{r.params / 1e9:.2f}",
-            "params M/GPU": f"{r.params_per_gpu / 1e6:.0f}",
-            "TFLOP/micro-batch": f"{r.tflop_per_micro_batch:.1f}",
-            "weights GB": f"{r.weights_gb:.2f}", "grads GB": f"{r.grads_gb:.2f}",
-            "optimizer GB": f"{r.optimizer_gb:.2f}", "activations GB": f"{r.activations_gb:.2f}",
-            "total GB": f"{r.total_gb:.2f}"} for r in reports]))
+        print(render_explain(reports))
         extra.pop("explain")
     for key, value in extra.items():
         print(f"{key}: {value}")
     return 0
+
+
+def render_explain(reports: list) -> str:
+    """The ``--explain`` table: per stage, parameters, FLOPs and memory by part."""
+    return "\nper stage (per GPU unless marked):\n" + render_table([{
+        "stage": r.stage, "params B (all)": f"{r.params / 1e9:.2f}",
+        "params M/GPU": f"{r.params_per_gpu / 1e6:.0f}",
+        "TFLOP/micro-batch": f"{r.tflop_per_micro_batch:.1f}",
+        "weights GB": f"{r.weights_gb:.2f}", "grads GB": f"{r.grads_gb:.2f}",
+        "optimizer GB": f"{r.optimizer_gb:.2f}", "activations GB": f"{r.activations_gb:.2f}",
+        "total GB": f"{r.total_gb:.2f}"} for r in reports])
 
 
 def render_plan(plan: Plan) -> str:

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     try:
         args = build_parser().parse_args(argv)
-        return int(args.func(args) or 0)
+        return _run_command(args)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -64,6 +64,35 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+
+
+KERNEL_MODULES = ("solver.compose.group_kernel", "solver.cost.stage_options")  # numba users
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """Run the subcommand; say on stderr when numba compiled kernels for it.
+
+    The kernels are compiled on their first use after an install and cached next to the
+    sources (``cache=True``); that run's planning times include the compilation, so it is
+    reported rather than left to look like planning. (Kernels compiled in worker processes are
+    not counted here.)
+    """
+    before = _compiled_kernels()
+    code = int(args.func(args) or 0)
+    fresh = _compiled_kernels() - before
+    if fresh:
+        print(f"note: this run compiled {fresh} numba kernels, so its times include their "
+              "compilation (once after an install; later runs load them from numba's cache)",
+              file=sys.stderr)
+    return code
+
+
+def _compiled_kernels() -> int:
+    """Kernel signatures compiled (not loaded from numba's cache) in this process so far, read
+    from the dispatchers' statistics of the kernel modules imported."""
+    return sum(sum(getattr(getattr(obj, "stats", None), "cache_misses", {}).values())
+               for mod in KERNEL_MODULES if mod in sys.modules
+               for obj in vars(sys.modules[mod]).values())
 
 
 def run() -> None:

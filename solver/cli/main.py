@@ -10,6 +10,8 @@ import argparse
 import importlib
 import pkgutil
 import sys
+import time
+from pathlib import Path
 
 import solver.cli.commands
 from solver.spec.errors import InfeasibleError, InputError
@@ -74,12 +76,11 @@ def _run_command(args: argparse.Namespace) -> int:
 
     The kernels are compiled on their first use after an install and cached next to the
     sources (``cache=True``); that run's planning times include the compilation, so it is
-    reported rather than left to look like planning. (Kernels compiled in worker processes are
-    not counted here.)
+    reported rather than left to look like planning.
     """
-    before = _compiled_kernels()
+    start = time.time()
     code = int(args.func(args) or 0)
-    fresh = _compiled_kernels() - before
+    fresh = _kernels_cached_since(start)
     if fresh:
         print(f"note: this run compiled {fresh} numba kernels, so its times include their "
               "compilation (once after an install; later runs load them from numba's cache)",
@@ -87,12 +88,14 @@ def _run_command(args: argparse.Namespace) -> int:
     return code
 
 
-def _compiled_kernels() -> int:
-    """Kernel signatures compiled (not loaded from numba's cache) in this process so far, read
-    from the dispatchers' statistics of the kernel modules imported."""
-    return sum(sum(getattr(getattr(obj, "stats", None), "cache_misses", {}).values())
-               for mod in KERNEL_MODULES if mod in sys.modules
-               for obj in vars(sys.modules[mod]).values())
+def _kernels_cached_since(since: float) -> int:
+    """Kernels numba compiled and cached since ``since``, by this process or its workers: the
+    index files written in the cache directories of the kernel modules imported (numba writes
+    one when it compiles a kernel, never when it loads one)."""
+    dirs = {Path(path) for mod in KERNEL_MODULES if mod in sys.modules
+            for obj in vars(sys.modules[mod]).values()
+            if (path := getattr(getattr(obj, "stats", None), "cache_path", None))}
+    return sum(1 for d in dirs for f in d.glob("*.nbi") if f.stat().st_mtime >= since)
 
 
 def run() -> None:

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import types
-from collections import Counter
 
 from solver.spec.loaders import INSTANCES
 
@@ -15,31 +15,46 @@ CLUSTER = str(INSTANCES / "clusters" / "three-gen-512.toml")
 
 
 class _Kernel:
-    """Stands for a numba dispatcher: its ``stats.cache_misses`` counts fresh compilations."""
+    """Stands for a numba dispatcher: ``stats.cache_path`` is where its compilations are cached."""
 
-    def __init__(self, misses: int):
-        self.stats = types.SimpleNamespace(cache_misses=Counter({"(float64,)": misses}))
+    def __init__(self, cache):
+        self.stats = types.SimpleNamespace(cache_path=str(cache))
 
 
-def _fake_command(kernels: types.ModuleType, compile_now: int):
+def _fake_command(cache, compile_now: int):
     def run(args):
-        kernels.k.stats.cache_misses["(float64,)"] += compile_now
+        for i in range(compile_now):  # what numba writes when it compiles a kernel
+            (cache / f"kernels.k{i}-1.py311.nbi").write_bytes(b"index")
         print("done")
         return 0
     return run
 
 
-def test_note_counts_only_this_commands_compilations(monkeypatch, capsys):
+def test_note_counts_only_this_commands_compilations(tmp_path, monkeypatch, capsys):
+    old = tmp_path / "kernels.earlier-1.py311.nbi"
+    old.write_bytes(b"index")  # compiled by an earlier command
+    os.utime(old, (1.0, 1.0))
     kernels = types.ModuleType("fake_kernels")
-    kernels.k, kernels.other = _Kernel(5), object()  # 5 compiled by an earlier command
+    kernels.k, kernels.other = _Kernel(tmp_path), object()
     monkeypatch.setitem(sys.modules, "fake_kernels", kernels)
     monkeypatch.setattr(cli, "KERNEL_MODULES", ("fake_kernels", "not_imported"))
     parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
     for compile_now, note in ((2, "compiled 2 numba kernels"), (0, None)):
-        monkeypatch.setattr(cli, "build_parser", lambda: parser)
         args = parser.parse_args(["islands", CLUSTER])
-        args.func = _fake_command(kernels, compile_now)
+        args.func = _fake_command(tmp_path, compile_now)
         monkeypatch.setattr(parser, "parse_args", lambda argv: args)
         assert cli.main(["islands", CLUSTER]) == 0
         err = capsys.readouterr().err
         assert (note in err) if note else err == ""
+        if compile_now:  # the next command finds these files from before it started
+            for f in tmp_path.glob("kernels.k*.nbi"):
+                os.utime(f, (1.0, 1.0))
+
+
+def test_the_kernel_modules_are_where_numba_caches():
+    # The note reads the dispatchers' cache directories: the real modules must expose them.
+    for name in cli.KERNEL_MODULES:
+        mod = importlib.import_module(name)
+        paths = {k.stats.cache_path for k in vars(mod).values() if hasattr(k, "stats")}
+        assert paths and all(paths), name

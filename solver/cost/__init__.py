@@ -6,7 +6,8 @@ flight, memory margin, features). The vectorized cost model (:mod:`solver.cost.s
 with :mod:`~solver.cost.timing`, :mod:`~solver.cost.memory` and the constants of
 :mod:`~solver.cost.efficiency`) prices thousands of :class:`StageConfig` at once; the
 :class:`AnalyticParallelizer` hands on the Pareto set of :class:`PartialPlan` (latency,
-per-iteration time, memory) per boundary layout. :func:`estimate` prices one fixed
+per-iteration time, memory) per boundary layout (the partial-plan types:
+:mod:`solver.cost.partial`). :func:`estimate` prices one fixed
 configuration of a whole model (``tangram estimate``); :mod:`solver.cost.calibration` is the
 fit on Megatron-LM SC'21 Table 1.
 """

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from solver.cost.frameworks import megatron_interleaves, profile, zero_choices
+from solver.cost.partial import PlanContext
 from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, ModelSlice
 from solver.spec.domain import (Constraints, FeaturePreset, Framework, Island, ModelSpec, Recompute,
                                 Schedule)
-
-if TYPE_CHECKING:  # the context type only annotates; parallelizer imports this module
-    from solver.cost.parallelizer import PlanContext
 
 _ALL_RC = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 

@@ -11,6 +11,8 @@ dividing heads and hidden size (across nodes too, on the network), ``cp`` a powe
 ``2 cp | seq_len``, ``pp <= max_pp`` dividing the island, ``dp`` the rest (``tp cp pp dp`` = island
 GPUs, ``dp`` divides the micro-batch), ``ep`` dividing the experts and ``dp cp``, ZeRO 0-3,
 recomputation none/selective/full and activation offload, each as the feature preset allows.
+The types it answers in (:class:`PlanContext`, :class:`PartialPlan`, :class:`MemoryBreakdown`)
+are defined in :mod:`solver.cost.partial` and re-exported here.
 """
 
 from __future__ import annotations
@@ -20,139 +22,17 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
 from solver.cost.configs import FeatureSet, enumerate_configs, framework_features
-from solver.cost.frameworks import Runtime
-from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, ModelSlice, StageConfig
-from solver.cost.stage_costs import (
-    PipelineSetting,
-    StageCosts,
-    stage_costs,
-    substage_latencies,
-)
-from solver.spec.domain import (Constraints, FeaturePreset, Framework, Island, ModelSpec,
-                                Precision, Recompute, Schedule)
+from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
+from solver.cost.partial import MemoryBreakdown, PartialPlan, PlanContext, SliceBatch, partial_plans
+from solver.cost.stage import ModelSlice, StageConfig
+from solver.cost.stage_costs import PipelineSetting, stage_costs, substage_latencies
+from solver.cost.stage_options import StageOptions, plan_stages
+from solver.spec.domain import FeaturePreset, Island, ModelSpec, Schedule
 
 __all__ = ["AnalyticParallelizer", "FeatureSet", "MemoryBreakdown", "Parallelizer", "PartialPlan",
            "PlanContext", "StageConfig", "best_plan", "framework_features", "kernel_calibration",
            "pipeline_time", "prices_interleaving_above_plain"]
-
-_ALL_RC = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
-
-
-@dataclass(frozen=True)
-class PlanContext:
-    """What the caller fixes for one ``plan`` call.
-
-    Attributes
-    ----------
-    seq_len : int
-        Tokens per sequence.
-    micro_batch : int
-        Sequences per micro-batch for the whole stage; each of the ``dp`` replicas gets
-        ``micro_batch / dp`` (configurations where ``dp`` does not divide it are skipped).
-    n_micro : int
-        Micro-batches per iteration.
-    in_flight : int
-        Micro-batches of activations the stage holds (its last internal sub-stage, if ``pp > 1``);
-        a single-stage island at pipeline position ``i`` of ``P`` gets ``min(P - i, n_micro)``.
-    epsilon : float
-        Memory margin: plans use at most ``(1 - epsilon)`` of HBM.
-    max_pp : int
-        Largest internal pipeline degree (the heterogeneous planner passes 1).
-    features : FeaturePreset
-        Features the job allows (intersected with the parallelizer's own).
-    schedule : Schedule
-        Pipeline schedule (for memory in flight and internal point-to-point traffic).
-    virtual_stages : int
-        Model chunks per GPU with the interleaved schedule.
-    framework : Framework | None
-        Training runtime whose profile restricts the configurations (None: the features alone,
-        priced as Megatron-Core).
-    precision : Precision
-        GEMM precision the job asks for.
-    constraints : Constraints | None
-        The user's per-stage limits (allowed tp, cp, ep, ZeRO, recomputation, offload,
-        micro-batch); None: none.
-    """
-
-    seq_len: int
-    micro_batch: int
-    n_micro: int
-    in_flight: int = 1
-    epsilon: float = 0.1
-    max_pp: int = 1
-    features: FeaturePreset = FeaturePreset.FULL
-    schedule: Schedule = Schedule.ONE_F_ONE_B
-    virtual_stages: int = 1
-    framework: Framework | None = None
-    precision: Precision = Precision.BF16
-    constraints: Constraints | None = None
-
-    @property
-    def runtime(self) -> Runtime:
-        """What the cost model prices the stage under."""
-        return Runtime(self.framework or Framework.MEGATRON_CORE, self.precision)
-
-
-@dataclass(frozen=True)
-class MemoryBreakdown:
-    """Per-GPU memory of the most loaded GPU, GB (10^9 bytes).
-
-    Attributes
-    ----------
-    params, grads, optimizer, activations : float
-        Weights (with ZeRO-3 prefetch buffers), gradients, optimizer states, activations.
-    """
-
-    params: float
-    grads: float
-    optimizer: float
-    activations: float
-
-    @property
-    def total(self) -> float:
-        """Sum of the parts."""
-        return self.params + self.grads + self.optimizer + self.activations
-
-
-@dataclass(frozen=True)
-class PartialPlan:
-    """One way to run a slice on an island.
-
-    Attributes
-    ----------
-    config : StageConfig
-        The configuration (``micro_batch`` per replica).
-    latency_s : float
-        Forward + backward seconds per micro-batch (the bottleneck sub-stage if ``pp > 1``).
-    fwd_s, bwd_s : float
-        Forward and backward parts of ``latency_s``.
-    iteration_s : float
-        Per-iteration time outside the pipeline: exposed DP gradient sync + optimizer step.
-    memory_gb : float
-        Peak memory per GPU.
-    memory : MemoryBreakdown
-        Its parts.
-    layout : tuple[int, int, int]
-        ``(tp, cp, dp)`` of the activations at the stage boundary.
-    stage_latencies : tuple[float, ...]
-        Latency of each internal sub-stage, in order (one entry when ``pp == 1``).
-    max_in_flight : int
-        Most micro-batches in flight the plan holds in memory (:meth:`plan_stages` only;
-        0 where not computed).
-    """
-
-    config: StageConfig
-    latency_s: float
-    fwd_s: float
-    bwd_s: float
-    iteration_s: float
-    memory_gb: float
-    memory: MemoryBreakdown
-    layout: tuple[int, int, int]
-    stage_latencies: tuple[float, ...]
-    max_in_flight: int = 0
 
 
 class Parallelizer(Protocol):
@@ -247,7 +127,7 @@ class AnalyticParallelizer:
         chosen = chosen[np.argsort(costs.latency_s[chosen], kind="stable")]
         subs = substage_latencies(slice, island, context.seq_len, cfg.take(chosen), pipe,
                                   self.calibration, context.runtime)
-        return _plans(cfg, costs, chosen, subs)
+        return partial_plans(cfg, costs, chosen, subs)
 
     def plan_many(self, model: ModelSpec, lengths: list[int], has_embedding: bool,
                   has_head: bool, island: Island, context: PlanContext) -> list[list[PartialPlan]]:
@@ -271,7 +151,7 @@ class AnalyticParallelizer:
         layers = np.repeat(np.asarray(lengths), m)
         pipe = PipelineSetting(context.n_micro, context.in_flight, context.schedule,
                                context.virtual_stages)
-        batch = _SliceBatch(model, layers, has_embedding, has_head)
+        batch = SliceBatch(model, layers, has_embedding, has_head)
         costs = stage_costs(batch, island, context.seq_len, cfg, pipe, self.calibration,
                             context.runtime)
         idx = np.flatnonzero(costs.fits(island.hbm_gb, context.epsilon, self.calibration))
@@ -283,59 +163,16 @@ class AnalyticParallelizer:
         chosen = idx[pareto_mask(groups, obj)]
         chosen = chosen[np.lexsort((costs.latency_s[chosen], chosen // m))]
         subs = [(x,) for x in costs.latency_s[chosen].tolist()]
-        plans = _plans(cfg, costs, chosen, subs)
+        plans = partial_plans(cfg, costs, chosen, subs)
         out: list[list[PartialPlan]] = [[] for _ in lengths]
         for i, plan in zip((chosen // m).tolist(), plans):
             out[i].append(plan)
         return out
 
     def plan_stages(self, model: ModelSpec, lengths: list[int], has_embedding: bool,
-                    has_head: bool, island: Island, context: PlanContext) -> list:
+                    has_head: bool, island: Island, context: PlanContext) -> list[StageOptions]:
         """Options of one pipeline stage for every length (:func:`solver.cost.stage_options.plan_stages`)."""
-        from solver.cost.stage_options import plan_stages
         return plan_stages(self, model, lengths, has_embedding, has_head, island, context)
-
-
-@dataclass(frozen=True)
-class _SliceBatch:
-    """Slices of several lengths at one position: ``layers`` is an array aligned with the
-    configurations (the cost model only uses ``model``, ``layers`` and the two flags)."""
-
-    model: ModelSpec
-    layers: np.ndarray
-    has_embedding: bool
-    has_head: bool
-
-
-def _column(values, index: np.ndarray, n: int) -> list:
-    """``values`` (array or scalar) broadcast to ``n`` and picked at ``index``, as Python values."""
-    return np.broadcast_to(values, (n,))[index].tolist()
-
-
-def _plans(cfg: ConfigArrays, costs: StageCosts, index: np.ndarray,
-           subs: list[tuple[float, ...]], caps: list[int] | None = None) -> list[PartialPlan]:
-    """PartialPlans of the configurations at ``index``; columns are extracted once (a plan call
-    returns about a hundred Pareto points, and per-element NumPy access dominated its time)."""
-    n = len(cfg)
-    cols = {f: _column(getattr(cfg, f), index, n)
-            for f in ("tp", "cp", "ep", "pp", "dp", "zero", "recompute", "offload", "micro_batch")}
-    mem = costs.memory
-    gb = {f: [x / 1e9 for x in _column(getattr(mem, f), index, n)]
-          for f in ("params", "grads", "optimizer", "activations")}
-    total = [x / 1e9 for x in _column(mem.total, index, n)]
-    lat, fwd, bwd, it = (_column(a, index, n) for a in (
-        costs.latency_s, costs.fwd.total, costs.bwd.total, costs.iteration_s))
-    out = []
-    for k in range(len(index)):
-        config = StageConfig(cols["tp"][k], cols["cp"][k], cols["ep"][k], cols["pp"][k],
-                             cols["dp"][k], cols["zero"][k], RECOMPUTE_CODES[cols["recompute"][k]],
-                             bool(cols["offload"][k]), cols["micro_batch"][k])
-        breakdown = MemoryBreakdown(gb["params"][k], gb["grads"][k], gb["optimizer"][k],
-                                    gb["activations"][k])
-        out.append(PartialPlan(config, lat[k], fwd[k], bwd[k], it[k], total[k], breakdown,
-                               (config.tp, config.cp, config.dp), subs[k],
-                               caps[k] if caps is not None else 0))
-    return out
 
 
 def pipeline_time(plan: PartialPlan, n_micro: int, schedule: Schedule = Schedule.ONE_F_ONE_B,

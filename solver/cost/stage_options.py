@@ -5,7 +5,7 @@ holds as many micro-batches of activations as its global position dictates, whic
 decides. So instead of checking one in-flight count, :func:`plan_stages` returns, per length,
 the Pareto set over (latency ↓, per-iteration time ↓, most micro-batches in flight that fit ↑),
 from one vectorized cost-model evaluation of every configuration and length. The options are
-kept as arrays (:class:`StageOptions`); a :class:`~solver.cost.parallelizer.PartialPlan` is
+kept as arrays (:class:`StageOptions`); a :class:`~solver.cost.partial.PartialPlan` is
 built only for the options a plan uses.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit
 
 from solver.cost.configs import FeatureSet, _zero_allowed, enumerate_configs
-from solver.cost.parallelizer import PartialPlan, PlanContext, _plans, _SliceBatch
+from solver.cost.partial import PartialPlan, PlanContext, SliceBatch, partial_plans
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, StageCosts, in_flight_capacity, stage_costs
 from solver.spec.domain import Island, ModelSpec
@@ -34,7 +34,7 @@ class _Batch:
 
     def plan(self, row: int) -> PartialPlan:
         index = np.array([row])
-        return _plans(self.cfg, self.costs, index, [(float(self.costs.latency_s[row]),)],
+        return partial_plans(self.cfg, self.costs, index, [(float(self.costs.latency_s[row]),)],
                       [int(self.capacity[row])])[0]
 
 
@@ -89,7 +89,7 @@ def plan_stages(parallelizer, model: ModelSpec, lengths: list[int], has_embeddin
         ok |= base.dp[rows] * base.cp[rows] == 1
         rows, per_row, length_index = rows[ok], per_row[ok], length_index[ok]
     cfg = base.take(rows)
-    batch = _SliceBatch(model, per_row, has_embedding, has_head)
+    batch = SliceBatch(model, per_row, has_embedding, has_head)
     pipe = PipelineSetting(ctx.n_micro, 1, ctx.schedule, ctx.virtual_stages)
     costs = stage_costs(batch, island, ctx.seq_len, cfg, pipe, parallelizer.calibration,
                         ctx.runtime)

@@ -54,7 +54,8 @@ CACHE_FORMAT = 2
 #: in a way the code fingerprint below cannot see (e.g. a new data file the model reads).
 COST_MODEL_VERSION = 2
 #: Modules whose source decides a partial plan; their text is hashed into every key.
-COST_MODEL_MODULES = ("solver.cost.parallelizer", "solver.cost.stage_costs", "solver.cost.timing",
+COST_MODEL_MODULES = ("solver.cost.parallelizer", "solver.cost.partial", "solver.cost.configs",
+                      "solver.cost.stage_costs", "solver.cost.timing", "solver.cost.sync",
                       "solver.cost.memory", "solver.cost.efficiency", "solver.cost.stage",
                       "solver.cost.stage_options", "solver.cost.frameworks")
 

@@ -161,6 +161,23 @@ def test_key_includes_cost_model_code(h100):
     assert a == CacheKey.of(json.loads(a.text))  # canonical: re-serializing gives the same key
 
 
+def test_key_hashes_every_module_the_parallelizer_runs():
+    # A module that decides a partial plan but is not hashed would let an edit return stale
+    # entries: follow the cost package's imports (lazy ones too) from the parallelizer.
+    import ast
+    import importlib
+
+    from solver.planner.plancache import COST_MODEL_MODULES
+    seen, todo = set(), ["solver.cost.parallelizer"]
+    while todo:
+        name = todo.pop()
+        seen.add(name)
+        tree = ast.parse(open(importlib.import_module(name).__file__).read())
+        todo += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                 and (n.module or "").startswith("solver.cost.") and n.module not in seen]
+    assert seen <= set(COST_MODEL_MODULES), sorted(seen - set(COST_MODEL_MODULES))
+
+
 def test_directory_store_persists_and_ignores_damage(h100, tmp_path):
     call = _call(h100)
     first = CachingParallelizer(AnalyticParallelizer(), DirectoryStore(tmp_path))

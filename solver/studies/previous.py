@@ -128,13 +128,14 @@ def _replicated(f: Fields, job: JobSpec) -> ReplicatedPlan:
     islands = job_islands(job)
     by_name = {i.name: i for i in islands.islands}
     _check_islands(f, by_name, job.cluster)
-    count, raw = len(f.get("replicas", list)), f.get("stages", list)
+    listed, raw = f.get("replicas", list), f.get("stages", list)
     for i, item in enumerate(raw):  # every stage belongs to one of the replicas
-        Fields(item, f.file, f"stages[{i}]").get("replica", int, lo=0, hi=count - 1)
+        Fields(item, f.file, f"stages[{i}]").get("replica", int, lo=0, hi=len(listed) - 1)
     unit = f.sub("replica_search", required=False)
     share_unit = 1 if unit is None else unit.get("share_unit", int, 1, lo=1,
                                                  hi=job.training.global_batch)
-    replicas = tuple(_replica(f, k, job, by_name, raw) for k in range(count))
+    replicas = tuple(_replica(f, Fields(item, f.file, f"replicas[{k}]"), k, job, by_name)
+                     for k, item in enumerate(listed))
     extra = allreduce_s(job, [r.islands for r in replicas])
     rp = ReplicatedPlan(job, replicas, extra, PREVIOUS, share_unit, islands=islands.islands,
                         note="the previous plan, read back")
@@ -146,10 +147,9 @@ def _replicated(f: Fields, job: JobSpec) -> ReplicatedPlan:
     return rp
 
 
-def _replica(f: Fields, k: int, job: JobSpec, islands: dict[str, Island],
-             raw: list[Any]) -> Replica:
-    """Replica ``k`` of the file: its islands, share and stages (those with ``replica = k``)."""
-    g = Fields(f.get("replicas", list)[k], f.file, f"replicas[{k}]")
+def _replica(f: Fields, g: Fields, k: int, job: JobSpec, islands: dict[str, Island]) -> Replica:
+    """Replica ``k`` of the file ``f`` (``g``: its entry of ``replicas``): its islands, share and
+    stages (those of ``stages`` with ``replica = k``)."""
     names = g.get("islands", list)
     unknown = [x for x in names if x not in islands]
     g.check("islands", bool(names) and not unknown and len(set(names)) == len(names),
@@ -159,7 +159,7 @@ def _replica(f: Fields, k: int, job: JobSpec, islands: dict[str, Island],
     n = g.get("n_micro", int, lo=1, hi=share)
     g.check("n_micro", share % n == 0, f"{n} does not divide the replica's share {share}")
     _check_fixed_n(g, job, n)
-    own = [(i, s) for i, s in enumerate(raw) if s["replica"] == k]
+    own = [(i, s) for i, s in enumerate(f.get("stages", list)) if s["replica"] == k]
     g.check("stages", bool(own), f"no stage of the plan has replica = {k}")
     first = Fields(own[0][1], f.file, f"stages[{own[0][0]}]")
     v = first.get("virtual_stages", int, 1, lo=1, hi=job.model.layers)

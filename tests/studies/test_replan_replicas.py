@@ -9,9 +9,11 @@ import json
 import pytest
 
 from solver.cli.main import main
+from solver.cli.report import island_json
 from solver.cost.parallelizer import AnalyticParallelizer
 from solver.planner.plancache import CachingParallelizer, MemoryStore
-from solver.planner.replica_plan import ReplicatedPlan
+from solver.planner.plan import plan_json
+from solver.planner.replica_plan import ReplicatedPlan, replicated_json
 from solver.planner.replicas import ReplicaOptions, plan_replicas
 from solver.spec.errors import InputError
 from solver.spec.loaders import load_job
@@ -70,8 +72,6 @@ def planned(tmp_path_factory):
     path = _job(tmp)
     job = load_job(path)
     rp = _fresh(job)
-    from solver.cli.report import island_json
-    from solver.planner.replica_plan import replicated_json
     payload = json.loads(json.dumps(replicated_json(rp, [island_json(i) for i in rp.islands])))
     return tmp, path, job, rp, payload
 
@@ -112,8 +112,6 @@ def test_replan_without_the_search_is_the_single_pipeline(tmp_path, planned):
     path.write_text(JOB.format(h100=2) + "[constraints]\nmax_replicas = 1\n")
     one = load_job(path)
     single = plan_with_targets(one)
-    from solver.cli.report import island_json
-    from solver.planner.plan import plan_json
     r = replan(one, plan_json(single, [island_json(i) for i in single.islands.islands]),
                ClusterChange(("a100-0",)), CachingParallelizer(AnalyticParallelizer(),
                                                                MemoryStore()))

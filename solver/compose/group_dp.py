@@ -286,7 +286,11 @@ def _search_iteration(prep: _Prep, values: np.ndarray, incumbent: float = _INF,
         if found is None:  # pipe >= best − V_0 at every V <= V_{b−1}: none of them wins
             break
         pipe, stages = found
-    return None if best[1] is None else (best[0], best[1])
+    # A bar that fell during the last search (which then found nothing under it) may have
+    # fallen below the plan kept from before: that plan is beaten elsewhere too.
+    if best[1] is None or best[0] >= _read(live):
+        return None
+    return best[0], best[1]
 
 
 # Stages of the first, cheap search whose plan bounds the full one. The answer does not depend
@@ -303,7 +307,11 @@ def _shallow_first(table, restrictions, overlap, prep, iters, live: Live | None 
     if first is None:
         return _search_iteration(prep, iters, live=live)
     better = _search_iteration(prep, iters, first[0], live)
-    return better if better is not None else first
+    if better is not None:
+        return better
+    # The bar may have fallen below the shallow plan while the full search ran: it is then
+    # beaten elsewhere, as every plan the full search cut.
+    return first if first[0] < _read(live) else None
 
 
 def compose_groups_dp(table: StageTable, restrictions: GroupRestrictions | None = None,

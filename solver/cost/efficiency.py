@@ -8,7 +8,9 @@ Sources
   all-gather / reduce-scatter / all-to-all ``(q-1)/q M / W``, plus a per-step latency ``alpha``.
 - Link bandwidths come from the datasheets in ``instances/gpus.toml``: NVLink figures are
   bidirectional totals, so one direction carries half; a NIC of ``x`` Gb/s moves ``x / 8`` GB/s.
-- The efficiency constants are fitted on Narayanan et al., SC'21, Table 1 only
+- The GEMM curve's shape is fitted on measured stand-alone GEMMs (OpenXLA's GEMM table for H100,
+  B200 and MI300X, ``instances/calibration/gemm-openxla.csv``; ``python -m
+  solver.cost.gemm_fit``); the in-training constants on Narayanan et al., SC'21, Table 1 only
   (``instances/calibration/megatron-sc21-table1.csv``; ``python -m solver.cost.calibration``).
 """
 
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.spec.domain import Island
+from solver.spec.domain import Island, Precision
 
 
 class AttentionKernel(enum.Enum):
@@ -39,22 +41,27 @@ class AttentionKernel(enum.Enum):
 class Calibration:
     """The cost model's efficiency constants, in one place.
 
-    GEMM efficiency curve: a GEMM of shape ``(M, N, K)`` runs at
-    ``ceiling * xi / (xi + gemm_half_balance * B)`` of peak, where ``ceiling`` is the GPU's
-    max-achievable-matmul fraction (``gemm_eff`` / ``fp8_gemm_eff`` in ``instances/gpus.toml``,
-    measured by generation: 86.9 % on A100, 80.3 % on H100), ``xi = 1 / (1/M + 1/N + 1/K)`` the
-    GEMM's arithmetic intensity in FLOP per byte of 16-bit operands (``2MNK / (2(MN + NK +
-    MK))``) and ``B`` the GPU's machine balance, peak FLOP/s over HBM bytes/s (the roofline ridge
-    point: 153 FLOP/B for A100-80GB, 295 for H100-SXM). Large square GEMMs approach the ceiling;
-    a narrow TP shard (small ``N`` or ``K``) or a small micro-batch (small ``M``) pulls ``xi``
-    down, and a GPU with more FLOPs per byte of bandwidth needs larger tiles for the same
-    fraction of its peak. Fused attention runs at the GPU's ``attention_eff`` (its kernel:
-    FlashAttention-3 on Hopper, FlashAttention-2 on Ampere/Ada, unfused on Volta).
+    GEMM time (:class:`GemmKernel`): a GEMM of shape ``(M, N, K)`` doing ``F = 2MNK`` FLOPs takes
+    ``F / (peak * gemm_in_training * ceiling * xi / (xi + c * B)) + t0`` seconds, where
+    ``ceiling`` is the GPU's max-achievable-matmul fraction (``gemm_eff`` / ``fp8_gemm_eff`` in
+    ``instances/gpus.toml``: 86.9 % on A100, 80.3 % on H100), ``xi = 1 / (1/M + 1/N + 1/K)``
+    the GEMM's arithmetic intensity in FLOP per byte of 16-bit operands, ``B`` the GPU's machine
+    balance (peak FLOP/s over HBM bytes/s), ``c`` the half-intensity in balances and ``t0`` a
+    fixed cost per GEMM kernel (prologue, epilogue, the last partial wave). Equivalently, a GEMM
+    costs its FLOPs at the ceiling plus ``c / ceiling`` times its operand traffic at HBM speed
+    plus ``t0``: a narrow TP shard or a small micro-batch pays the traffic and the fixed cost
+    over less work. ``c`` and ``t0`` are the GPU's own where ``instances/gpus.toml`` gives them
+    (fitted on measured cuBLAS/hipBLASLt GEMMs, :mod:`solver.cost.gemm_fit`), else the defaults
+    below. Fused attention runs at the GPU's ``attention_eff`` (its kernel: FlashAttention-3 on
+    Hopper, FlashAttention-2 on Ampere/Ada, unfused on Volta).
 
-    Provenance of the defaults. Fitted on SC'21 Table 1 under the ``megatron-2021`` profile (no
-    overlapped communication, unfused attention; minimax of the log error over all ten rows,
-    ``python -m solver.cost.calibration --fit``; largest error 6.6 %, mean +1.9 %):
-    ``gemm_half_balance``,
+    Provenance of the defaults. ``gemm_half_balance`` and ``gemm_latency_s`` are the pooled fit
+    over the NVIDIA GPUs of the measured GEMM table (``instances/calibration/gemm-openxla.csv``:
+    OpenXLA's H100 and B200 measurements; ``python -m solver.cost.gemm_fit``); they price the
+    GPUs without a table of their own (A100, V100, L40S, A10): the same fixed cost per kernel
+    and the same traffic multiple. Fitted on SC'21 Table 1 under the ``megatron-2021`` profile
+    (no overlapped communication, unfused attention; minimax of the log error over all ten
+    rows, ``python -m solver.cost.calibration --fit``): ``gemm_in_training``,
     ``unfused_attention_eff``, ``elementwise_bytes``. Chosen, not fitted: bus efficiencies and
     latencies (NCCL all-reduce bus bandwidth of about 230 GB/s on DGX A100 NVLink, 85 % of line
     rate on InfiniBand), ``hbm_eff`` and ``pcie_eff`` (typical STREAM-like fractions). What is
@@ -64,8 +71,15 @@ class Calibration:
     Attributes
     ----------
     gemm_half_balance : float
-        Arithmetic intensity at which GEMM efficiency is half of the ceiling, in multiples of
-        the GPU's machine balance.
+        Arithmetic intensity at which a GEMM kernel runs at half its ceiling (before the fixed
+        cost), in multiples of the GPU's machine balance; for GPUs without their own figure.
+    gemm_latency_s : float
+        Fixed seconds per GEMM kernel, for GPUs without their own figure.
+    gemm_in_training : float
+        Fraction of its measured stand-alone speed a GEMM keeps inside a training step (the
+        same on every GPU): what the microbenchmarks do not see (clocks under a whole step's
+        power draw, collectives' kernels sharing the SMs, operand layouts and epilogues).
+        Fitted on Megatron-LM 2021.
     attention : AttentionKernel
         Attention implementation of the software stack (default: FlashAttention where the GPU
         has a fused kernel).
@@ -104,10 +118,12 @@ class Calibration:
         bound of the load a capacity-limited router admits.
     """
 
-    gemm_half_balance: float = 4.5
+    gemm_half_balance: float = 0.087
+    gemm_latency_s: float = 6.24e-6
+    gemm_in_training: float = 0.75
     attention: AttentionKernel = AttentionKernel.FLASH
-    unfused_attention_eff: float = 0.2125
-    elementwise_bytes: float = 19.91
+    unfused_attention_eff: float = 0.1875
+    elementwise_bytes: float = 20.16
     hbm_eff: float = 0.80
     nvlink_eff: float = 0.78
     nic_eff: float = 0.85
@@ -123,28 +139,63 @@ class Calibration:
 DEFAULT_CALIBRATION = Calibration()
 
 
-def gemm_efficiency(m: np.ndarray, n: np.ndarray, k: np.ndarray, calib: Calibration,
-                    balance: float, ceiling: float) -> np.ndarray:
-    """Fraction of peak reached by GEMMs of shape ``(m, n, k)`` (arrays broadcast) on a GPU whose
-    machine balance (peak FLOP/s / HBM bytes/s) is ``balance`` and whose largest GEMMs reach
-    ``ceiling`` of peak.
+@dataclass(frozen=True)
+class GemmKernel:
+    """How one island's GPUs run GEMMs: the cost model's GEMM time (curve on
+    :class:`Calibration`).
 
-    The curve and its constants are documented on :class:`Calibration`.
+    Attributes
+    ----------
+    ceiling : float
+        Largest fraction of peak a large GEMM reaches (the weakest member's).
+    half_intensity : float
+        FLOP per byte at which the curve reaches half the ceiling (``c`` times the balance).
+    latency_s : float
+        Fixed seconds per GEMM kernel.
+    in_training : float
+        Fraction of the stand-alone speed kept inside a training step.
     """
-    m, n, k = (np.maximum(np.asarray(x, dtype=float), 1.0) for x in (m, n, k))
-    xi = 1.0 / (1.0 / m + 1.0 / n + 1.0 / k)
-    return ceiling * xi / (xi + calib.gemm_half_balance * balance)
+
+    ceiling: float
+    half_intensity: float
+    latency_s: float
+    in_training: float
+
+    @classmethod
+    def of(cls, island: Island, precision: Precision, calib: Calibration) -> "GemmKernel":
+        """The island's GEMMs at ``precision``: its slowest member's ceiling, half-intensity
+        and fixed cost (islands never mix generations, so these are one GPU's in practice)."""
+        balance = machine_balance(island)
+        gpus = island.gpu_types
+        return cls(
+            ceiling=min(g.gemm_ceiling(precision) for g in gpus),
+            half_intensity=balance * max(_or(g.gemm_half_balance, calib.gemm_half_balance)
+                                         for g in gpus),
+            latency_s=max(calib.gemm_latency_s if g.gemm_latency_us is None
+                          else g.gemm_latency_us * 1e-6 for g in gpus),
+            in_training=calib.gemm_in_training)
+
+    def efficiency(self, m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """Fraction of peak of GEMMs of shape ``(m, n, k)`` (arrays broadcast), fixed cost
+        aside."""
+        m, n, k = (np.maximum(np.asarray(x, dtype=float), 1.0) for x in (m, n, k))
+        xi = 1.0 / (1.0 / m + 1.0 / n + 1.0 / k)
+        return self.in_training * self.ceiling * xi / (xi + self.half_intensity)
+
+    def seconds(self, flops: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray,
+                peak_flops: float) -> np.ndarray:
+        """Seconds of one GEMM kernel doing ``flops`` of work of shape ``(m, n, k)`` (a
+        grouped GEMM, e.g. a rank's experts, is one kernel) on a GPU of ``peak_flops``."""
+        return flops / (peak_flops * self.efficiency(m, n, k)) + self.latency_s
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def machine_balance(island: Island) -> float:
     """Peak 16-bit FLOP/s per HBM byte/s of the island's GPUs (datasheet values)."""
     return island.tflops_per_gpu * 1e12 / (island.hbm_bw_gbs * 1e9)
-
-
-def gemm_time(flops: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, peak_flops: float,
-              calib: Calibration, balance: float, ceiling: float) -> np.ndarray:
-    """Seconds for ``flops`` of GEMM work of shape ``(m, n, k)`` on a GPU of ``peak_flops``."""
-    return flops / (peak_flops * gemm_efficiency(m, n, k, calib, balance, ceiling))
 
 
 def intra_node_gbs(island: Island) -> float:

@@ -45,8 +45,8 @@ from solver.cost.efficiency import (
     DEFAULT_CALIBRATION,
     AttentionKernel,
     Calibration,
+    GemmKernel,
     Links,
-    machine_balance,
 )
 from solver.cost.frameworks import Runtime
 from solver.cost.memory import MemoryArrays, stored_bytes_per_token, substage_memory
@@ -165,11 +165,10 @@ def _time_inputs(model: ModelSpec, island: Island, seq_len: int, calib: Calibrat
     gpu, prec = island.gpu, runtime.precision
     sixteen = island.tflops_per_gpu * 1e12
     peak = sixteen * gpu.peak_tflops(prec) / gpu.peak_tflops(Precision.BF16)
-    ceiling = min(g.gemm_ceiling(prec) for g in island.gpu_types)
     fused = (calib.attention is AttentionKernel.FLASH and not runtime.profile.unfused_attention
              and all(g.attention != "unfused" for g in island.gpu_types))
     attention = min(g.attention_eff for g in island.gpu_types) if fused else None
-    return TimeInputs(model, seq_len, peak, sixteen, machine_balance(island), ceiling, attention,
+    return TimeInputs(model, seq_len, peak, sixteen, GemmKernel.of(island, prec, calib), attention,
                       Links.of(island, calib), calib, runtime.profile, runtime.overlap)
 
 

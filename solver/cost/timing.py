@@ -3,10 +3,12 @@
 Compute (Narayanan et al., SC'21, Sec. 5.1 FLOP count): per token and layer the forward pass does
 ``2 x`` (active matmul weights) FLOPs in GEMMs plus ``4 s a d_head`` in the attention core (the full
 square, Megatron's count); the backward pass twice the forward. GEMMs run at the size-dependent
-efficiency of :func:`solver.cost.efficiency.gemm_efficiency` below the GPU's own ceiling, at the
-precision the GPU runs (FP8 where it has it and the job asks for it); the attention core
-executes the full square at ``unfused_attention_eff`` (unfused kernels: Megatron-LM 2021, or a
-GPU without a fused kernel, V100) or half of it, the causal triangle, at the GPU's fused-kernel
+efficiency of :class:`solver.cost.efficiency.GemmKernel` below the GPU's own ceiling, at the
+precision the GPU runs (FP8 where it has it and the job asks for it), plus a fixed cost per
+GEMM kernel (one per projection and pass; a rank's experts run as one grouped GEMM); the
+attention core executes the full square at ``unfused_attention_eff`` (unfused kernels:
+Megatron-LM 2021, or a GPU without a fused kernel, V100) or half of it, the causal triangle,
+at the GPU's fused-kernel
 efficiency (FlashAttention-2/3), always in 16 bits; memory-bound operators move
 ``elementwise_bytes`` per hidden element per token through HBM (twice in backward).
 
@@ -37,8 +39,8 @@ import numpy as np
 
 from solver.cost.efficiency import (
     Calibration,
+    GemmKernel,
     Links,
-    gemm_time,
     ring_time,
 )
 from solver.cost.frameworks import FrameworkProfile
@@ -116,10 +118,8 @@ class TimeInputs:
         Peak dense GEMM FLOP/s of one GPU at the precision it runs.
     attention_flops : float
         Peak dense 16-bit FLOP/s (the attention core never runs in FP8 here).
-    balance : float
-        Machine balance, 16-bit peak FLOP/s over HBM bytes/s (scales the GEMM efficiency curve).
-    gemm_ceiling : float
-        Fraction of ``peak_flops`` the GPU's largest GEMMs reach.
+    gemm : GemmKernel
+        How the GPU runs GEMMs (ceiling, curve, fixed cost per kernel).
     attention_eff : float | None
         Fused attention kernel efficiency (None: unfused attention).
     links : Links
@@ -136,8 +136,7 @@ class TimeInputs:
     seq_len: int
     peak_flops: float
     attention_flops: float
-    balance: float
-    gemm_ceiling: float
+    gemm: GemmKernel
     attention_eff: float | None
     links: Links
     calib: Calibration
@@ -157,8 +156,7 @@ def _layer_gemm_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray) -> np.ndar
     up = 2 if m.gated_mlp else 1
 
     def g(flops: np.ndarray, rows, cols, inner) -> np.ndarray:
-        return gemm_time(flops, rows, cols, inner, ti.peak_flops, ti.calib, ti.balance,
-                         ti.gemm_ceiling)
+        return ti.gemm.seconds(flops, rows, cols, inner, ti.peak_flops)
 
     q_dim, kv_dim = m.heads * dh, m.kv_heads * dh
     t = g(2 * n * h * (q_dim + 2 * kv_dim) / tp, n, (q_dim + 2 * kv_dim) / tp, h)
@@ -266,8 +264,8 @@ def head_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Component
     logits, an all-gather of the final hidden states (fwd) and a reduce-scatter (bwd)."""
     m = ti.model
     n = tokens_per_gpu(cfg, ti.seq_len)
-    gemm = gemm_time(2 * n * m.hidden * m.vocab / cfg.tp, n, m.vocab / cfg.tp, m.hidden,
-                     ti.peak_flops, ti.calib, ti.balance, ti.gemm_ceiling)
+    gemm = ti.gemm.seconds(2 * n * m.hidden * m.vocab / cfg.tp, n, m.vocab / cfg.tp, m.hidden,
+                           ti.peak_flops)
     loss = LOGIT_PASS_BYTES * n * m.vocab / cfg.tp / ti.links.hbm_bw
     bw, lat = ti.links.select(cfg.tp)
     one = ring_time(n * m.hidden * 2.0, cfg.tp, bw, lat)

@@ -12,7 +12,8 @@ pipeline's fill, the optimizer step) only adds time. The rates:
   the max-achievable-matmul ceiling. With the parallelizer's calibration
   (:func:`~solver.cost.parallelizer.kernel_calibration`) each GEMM is held at the efficiency
   the cost model gives its largest possible shape: rows without limit and the layer's full
-  width (tensor parallelism only narrows a GEMM, and the efficiency grows with every side).
+  width (tensor parallelism only narrows a GEMM, and the efficiency grows with every side),
+  in-training fraction included, the fixed cost per kernel left out.
 * Attention: counted as Megatron counts it, the full score square. A fused kernel executes the
   causal half at ``attention_eff`` of the 16-bit peak, so per counted FLOP it runs at
   ``2 · attention_eff`` of peak, above the GEMM ceiling (1.16 on Hopper); an unfused core runs
@@ -25,13 +26,14 @@ pipeline's fill, the optimizer step) only adds time. The rates:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 from solver.cost.calibration import BOUNDS
-from solver.cost.efficiency import Calibration, gemm_efficiency, machine_balance
+from solver.cost.efficiency import Calibration, GemmKernel
 from solver.cost.stage_costs import attention_flops_per_token, model_flops_per_token
 from solver.planner.pruning import precision_speedup
-from solver.spec.domain import Island, JobSpec, ModelSpec
+from solver.spec.domain import Island, JobSpec, ModelSpec, Precision
 
 __all__ = ["kernel_floor", "compute_floor", "pipeline_floor"]
 
@@ -41,13 +43,15 @@ _UNBOUNDED_ROWS = 1e15  # a GEMM's token rows, above any micro-batch
 def _dense_gemm_seconds(model: ModelSpec, island: Island, rate: float, ceiling: float,
                         calib: Calibration) -> float:
     """GPU-seconds per token of one dense layer's GEMMs, forward and backward, each at the
-    cost model's efficiency of its widest shape (QKV, output, MLP up and down projections)."""
+    cost model's efficiency of its widest shape (QKV, output, MLP up and down projections);
+    the fixed cost per kernel is left out (it only adds time)."""
     h, q, kv = model.hidden, model.heads * model.d_head, model.kv_heads * model.d_head
     up = 2 if model.gated_mlp else 1
-    balance = machine_balance(island)
+    # The curve at the floor's ceiling (the largest of the island's, at any precision).
+    curve = dataclasses.replace(GemmKernel.of(island, Precision.BF16, calib), ceiling=ceiling)
 
     def one(flops: float, cols: float, inner: float) -> float:
-        eff = float(gemm_efficiency(_UNBOUNDED_ROWS, cols, inner, calib, balance, ceiling))
+        eff = float(curve.efficiency(_UNBOUNDED_ROWS, cols, inner))
         return flops / (rate / ceiling * eff)
 
     return 3.0 * (one(2 * h * (q + 2 * kv), q + 2 * kv, h) + one(2 * q * h, h, q)

@@ -52,7 +52,7 @@ from solver.spec.fields import write_atomic
 CACHE_FORMAT = 2
 #: Version of the cost model's semantics, bumped by hand when results change for the same inputs
 #: in a way the code fingerprint below cannot see (e.g. a new data file the model reads).
-COST_MODEL_VERSION = 2
+COST_MODEL_VERSION = 3
 #: Modules whose source decides a partial plan; their text is hashed into every key.
 COST_MODEL_MODULES = ("solver.cost.parallelizer", "solver.cost.partial", "solver.cost.configs",
                       "solver.cost.stage_costs", "solver.cost.timing", "solver.cost.sync",
@@ -89,14 +89,22 @@ def parallelizer_identity(inner: Parallelizer) -> str:
     return f"{name}:{inner!r}" if dataclasses.is_dataclass(inner) else name
 
 
+#: The catalog figures of a GPU type the cost model's kernels read (a GPU name alone would let
+#: an edited catalog entry return stale plans).
+KERNEL_FIELDS = ("bf16_tflops", "fp16_tflops", "fp8_tflops", "bf16", "gemm_eff", "fp8_gemm_eff",
+                 "gemm_half_balance", "gemm_latency_us", "attention", "attention_eff")
+
+
 def island_signature(island: Island) -> dict[str, Any]:
     """Everything of an island the cost model reads (node ids and names excluded)."""
     intra = intra_node_gbs(island)
+    kernels = [{f: getattr(g, f) for f in KERNEL_FIELDS}
+               for g in sorted(island.gpu_types, key=lambda g: g.name)]
     return {"gpu": island.gpu.name, "gpus": island.gpus, "gpus_per_node": island.gpus_per_node,
             "nodes": len(island.nodes), "tflops_per_gpu": island.tflops_per_gpu,
             "hbm_gb": island.hbm_gb, "hbm_bw_gbs": island.hbm_bw_gbs,
             "nvlink_gbs": island.nvlink_gbs, "intra_gbs": intra, "pcie_gbs": island.pcie_gbs,
-            "nic_gbits": island.nic_gbits}
+            "nic_gbits": island.nic_gbits, "kernels": kernels}
 
 
 def slice_signature(slc: ModelSlice) -> dict[str, Any]:

@@ -11,10 +11,12 @@ planted in either shows up as a disagreement.
 One micro-batch on one GPU covers ``n = b s / cp`` tokens. Per layer and pass:
 
 * GEMMs: ``2 x`` weights FLOPs per token (Narayanan et al., SC'21), each matrix at the fraction
-  ``ceiling xi / (xi + k B)`` of peak, ``xi = 1 / (1/M + 1/N + 1/K)`` of its TP-sharded shape and
-  ``B`` the GPU's FLOP-per-byte balance; MoE adds the router and the busiest rank's experts at the
-  capacity factor. The attention core is ``4 n s a d / tp`` FLOPs (half of it with a fused
-  causal kernel) in 16 bits; norms, activations and the MoE permutation stream bytes through HBM.
+  ``kappa ceiling xi / (xi + c B)`` of peak, ``xi = 1 / (1/M + 1/N + 1/K)`` of its TP-sharded
+  shape, ``B`` the GPU's FLOP-per-byte balance and ``kappa`` the in-training fraction, plus a fixed
+  ``t0`` per kernel (one per matrix and pass; a rank's experts are one grouped kernel); MoE adds
+  the router and the busiest rank's experts at the capacity factor. The attention core is
+  ``4 n s a d / tp`` FLOPs (half of it with a fused causal kernel) in 16 bits; norms,
+  activations and the MoE permutation stream bytes through HBM.
 * Tensor parallelism with sequence parallelism (Korthikanti et al. 2022): four ring collectives
   of the ``2 n h``-byte activation per pass; with Megatron-Core's overlap only
   ``max(c - g, c / tp)`` stays exposed beside ``g`` seconds of GEMMs. The context-parallel K/V
@@ -53,8 +55,9 @@ class _Machine(NamedTuple):
 
     peak: float         # GEMM FLOP/s at the precision run
     sixteen: float      # 16-bit FLOP/s (attention core)
-    balance: float      # 16-bit FLOP/s per HBM byte/s
+    half: float         # FLOP/B at which a GEMM reaches half the ceiling
     ceiling: float      # largest fraction of ``peak`` a GEMM reaches
+    kernel: float       # fixed seconds per GEMM kernel
     attention: float | None  # fused-kernel efficiency, None when unfused
     intra: float        # bytes/s inside a node, per direction
     inter: float        # bytes/s over the NIC
@@ -84,8 +87,13 @@ def _machine(island: Island, precision: Precision, calib: Calibration,
     intra = min((x.gpu.nvlink_gbs / 2 if x.gpu.nvlink_gbs else x.gpu.pcie_gbs) for x in nodes)
     return _Machine(
         peak=sixteen * gpu.peak_tflops(precision) / gpu.peak_tflops(Precision.BF16),
-        sixteen=sixteen, balance=sixteen / (island.hbm_bw_gbs * 1e9),
+        sixteen=sixteen,
+        half=sixteen / (island.hbm_bw_gbs * 1e9) * max(
+            calib.gemm_half_balance if x.gpu.gemm_half_balance is None
+            else x.gpu.gemm_half_balance for x in nodes),
         ceiling=min(x.gpu.gemm_ceiling(precision) for x in nodes),
+        kernel=max(calib.gemm_latency_s if x.gpu.gemm_latency_us is None
+                   else x.gpu.gemm_latency_us / 1e6 for x in nodes),
         attention=min(x.gpu.attention_eff for x in nodes) if fused else None,
         intra=intra * 1e9 * calib.nvlink_eff, inter=island.nic_gbits * 1e9 / 8 * calib.nic_eff,
         intra_lat=calib.nvlink_latency_s, inter_lat=calib.nic_latency_s,
@@ -129,11 +137,12 @@ def _all_to_all(g: _Machine, nbytes: float, stride: int, group: int) -> float:
 
 
 def _gemm(st: _Setup, flops: float, m: float, n: float, k: float) -> float:
-    """Seconds of ``flops`` in GEMMs of shape (m, n, k) at the efficiency-curve fraction."""
+    """Seconds of one GEMM kernel of ``flops`` and shape (m, n, k): the curve's fraction of
+    peak, derated to its in-training speed, plus the fixed cost per kernel."""
     m, n, k = max(m, 1.0), max(n, 1.0), max(k, 1.0)
     xi = 1.0 / (1.0 / m + 1.0 / n + 1.0 / k)
-    eff = st.gpu.ceiling * xi / (xi + st.calib.gemm_half_balance * st.gpu.balance)
-    return flops / (st.gpu.peak * eff)
+    eff = st.calib.gemm_in_training * st.gpu.ceiling * xi / (xi + st.gpu.half)
+    return flops / (st.gpu.peak * eff) + st.gpu.kernel
 
 
 def _tp_exposed(st: _Setup, comm: float, gemm: float, tp: int) -> float:

@@ -51,6 +51,12 @@ class GPUSpec:
         Has BF16 (V100 does not: it trains in FP16).
     gemm_eff, fp8_gemm_eff : float
         Largest fraction of 16-bit / FP8 peak a large GEMM reaches (max-achievable matmul).
+    gemm_half_balance : float | None
+        Arithmetic intensity, in machine balances, at which the GPU's GEMMs reach half the
+        ceiling, fitted on its measured GEMMs (None: the calibration's default).
+    gemm_latency_us : float | None
+        Fixed microseconds per GEMM kernel, fitted on its measured GEMMs (None: the
+        calibration's default).
     attention : str
         Fused attention kernel: ``"fa3"``, ``"fa2"`` or ``"unfused"``.
     attention_eff : float
@@ -74,6 +80,8 @@ class GPUSpec:
     bf16: bool = True
     gemm_eff: float = 0.80
     fp8_gemm_eff: float = 0.70
+    gemm_half_balance: float | None = None
+    gemm_latency_us: float | None = None
     attention: str = "fa2"
     attention_eff: float = 0.50
     kernel_source: str = ""

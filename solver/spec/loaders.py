@@ -72,6 +72,8 @@ def _gpu(f: Fields, name: str) -> GPUSpec:
         bf16=f.get("bf16", bool, True),
         gemm_eff=f.get("gemm_eff", float, 0.80, lo=0, lo_open=True, hi=1.0),
         fp8_gemm_eff=f.get("fp8_gemm_eff", float, 0.70, lo=0, lo_open=True, hi=1.0),
+        gemm_half_balance=f.get("gemm_half_balance", float, None, lo=0, hi=100.0),
+        gemm_latency_us=f.get("gemm_latency_us", float, None, lo=0, hi=1e4),
         attention=f.get("attention", str, "fa2", choices=("fa3", "fa2", "unfused")),
         attention_eff=f.get("attention_eff", float, 0.50, lo=0, lo_open=True, hi=1.0),
         kernel_source=f.get("kernel_source", str, ""),

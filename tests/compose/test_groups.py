@@ -252,6 +252,40 @@ def _falling(after: int, value: float):
     return live
 
 
+def test_a_bar_falling_below_the_optimum_during_the_last_pass_dominates_by_hand():
+    # 3 layers on 2 nodes, n = 1. The whole model on both nodes: latency 1.5 at per-iteration
+    # 0.25 (T = 1.75) or at 0 (T = 1.5, the optimum). The walk over per-iteration caps finds
+    # 1.75 first (cap 0.25), then searches cap 0 for anything below 1.75; a bar that falls to
+    # just under 1.5 during that search cuts it. The 1.75 plan kept from before is beaten by
+    # the bar too: the table is dominated, not "optimal" at 1.75 (found by the property test
+    # below; the walk returned its old plan).
+    rows = {(2, Position.ONLY): {3: [(1.5, 0.25, 1), (1.5, 0.0, 1)]},
+            (1, Position.FIRST): {1: [(1.0, 0.0, 1), (2.0, 0.0, 1)]},
+            (1, Position.LAST): {1: [(1.0, 0.0, 1), (2.0, 0.0, 1)]}}
+    table = one_island(3, 2, rows, n=1)
+    assert compose_groups_brute(table).objective == pytest.approx(1.5)
+    for after in range(8):
+        found = compose_groups_dp(table, live=_falling(after, 1.5 * (1 - 1e-9)))
+        assert found.status == "dominated" and not found.feasible, after
+        above = compose_groups_dp(table, live=_falling(after, 1.5 * (1 + 1e-9)))
+        assert above.objective == pytest.approx(1.5), after
+
+
+def test_a_bar_falling_during_the_deep_search_also_beats_the_shallow_plan():
+    # 6 layers on 6 one-node groups, n = 4, a layer costs 1 on any node: T = 3·max + 6.
+    # Six one-layer stages give 9 (the optimum); at most four stages (the shallow first
+    # search) give 3·2 + 6 = 12. A bar falling to just under 9 while the deep search runs
+    # beats both: dominated, whenever it falls.
+    positions = (Position.FIRST, Position.MIDDLE, Position.LAST, Position.ONLY)
+    rows = {(1, pos): {k: [(float(k), 0.0, UNLIMITED)] for k in range(1, 7)}
+            for pos in positions}
+    table = one_island(6, 6, rows, n=4)
+    assert compose_groups_brute(table).objective == pytest.approx(9.0)
+    for after in range(12):
+        found = compose_groups_dp(table, live=_falling(after, 9.0 * (1 - 1e-9)))
+        assert found.status == "dominated" and not found.feasible, after
+
+
 @settings(max_examples=120, derandomize=True, deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(stage_tables(), st.booleans(), st.integers(0, 6), st.floats(1.0, 1.5))

@@ -11,8 +11,8 @@ import pytest
 from solver.cost.frameworks import Runtime
 from solver.cost.efficiency import (
     Calibration,
+    GemmKernel,
     Links,
-    gemm_efficiency,
     machine_balance,
     ring_time,
 )
@@ -27,7 +27,7 @@ from solver.cost.stage_costs import (
     substage_latencies,
     substage_layers,
 )
-from solver.spec.domain import Framework, Island, ModelSpec, Recompute, Schedule
+from solver.spec.domain import Framework, Island, ModelSpec, Precision, Recompute, Schedule
 
 LLAMA2_13B = ModelSpec("llama2-13b", layers=40, hidden=5120, ffn=13824, heads=40, kv_heads=40,
                        vocab=32000, gated_mlp=True)
@@ -92,19 +92,36 @@ def test_model_flops_per_token_by_hand():
 
 
 def test_gemm_efficiency_curve_by_hand(a100):
-    # A100-80GB balance 312e12 / 2039e9 = 153.02 FLOP/B; half point 3 x 153.02 = 459.05.
-    # 4096^3: xi = 1 / (3 / 4096) = 1365.33; 0.8 * 1365.33 / (1365.33 + 459.05) = 0.59870
-    balance = machine_balance(a100)
-    assert balance == pytest.approx(312e12 / 2039e9)
-    eff = gemm_efficiency(np.array([4096]), 4096, 4096, CALIB, balance, 0.8)[0]
-    assert eff == pytest.approx(0.8 * (4096 / 3) / (4096 / 3 + 3 * 312e12 / 2039e9))
-    assert eff == pytest.approx(0.59870, abs=1e-5)
-    assert gemm_efficiency(np.array([512]), 4096, 4096, CALIB, balance, 0.8)[0] < eff
-    # A GPU with more FLOPs per byte of HBM bandwidth reaches a smaller fraction of its peak.
-    assert gemm_efficiency(np.array([4096]), 4096, 4096, CALIB, 2 * balance, 0.8)[0] < eff
-    # The ceiling is the GPU's (max-achievable matmul): the curve scales with it.
-    assert gemm_efficiency(np.array([4096]), 4096, 4096, CALIB, balance, 0.869)[0] == \
-        pytest.approx(eff * 0.869 / 0.8)
+    # A100-80GB balance 312e12 / 2039e9 = 153.02 FLOP/B; no curve of its own in the catalog, so
+    # the calibration's half point: 3 x 153.02 = 459.05 FLOP/B; ceiling 0.869 (MAMF).
+    # 4096^3: xi = 1 / (3 / 4096) = 1365.33; 0.869 * 1365.33 / (1365.33 + 459.05) = 0.65035,
+    # times the in-training fraction.
+    curve = GemmKernel.of(a100, Precision.BF16, CALIB)
+    assert machine_balance(a100) == pytest.approx(312e12 / 2039e9)
+    assert curve.half_intensity == pytest.approx(3 * 312e12 / 2039e9)
+    assert (curve.ceiling, curve.latency_s) == (0.869, CALIB.gemm_latency_s)
+    eff = curve.efficiency(np.array([4096]), 4096, 4096)[0]
+    assert eff == pytest.approx(CALIB.gemm_in_training * 0.65035, abs=1e-5)
+    assert curve.efficiency(np.array([512]), 4096, 4096)[0] < eff
+    # One kernel: its FLOPs at that fraction of peak, plus the fixed cost.
+    flops = 2 * 4096 ** 3
+    assert curve.seconds(np.array([flops]), 4096, 4096, 4096, 312e12)[0] == pytest.approx(
+        flops / (312e12 * eff) + CALIB.gemm_latency_s)
+    # With no calibrated half point a larger balance lowers the fraction (a larger ridge).
+    assert dataclasses.replace(curve, half_intensity=2 * curve.half_intensity).efficiency(
+        np.array([4096]), 4096, 4096)[0] < eff
+
+
+def test_gemm_curve_is_the_gpus_own_where_measured(catalog):
+    # H100 has a fitted curve in the catalog (c = 0.012 balances, t0 = 6.18 us): balance
+    # 989e12 / 3350e9 = 295.22 FLOP/B, half point 3.54 FLOP/B; the calibration's c is not used.
+    h100 = Island.homogeneous("h100", catalog["H100-SXM-80GB"], 8)
+    curve = GemmKernel.of(h100, Precision.BF16, CALIB)
+    assert curve.half_intensity == pytest.approx(0.012 * 989e12 / 3350e9)
+    assert curve.latency_s == pytest.approx(6.18e-6)
+    # FP8 reads the FP8 ceiling (70.9 %), the curve's shape stays.
+    fp8 = GemmKernel.of(h100, Precision.FP8, CALIB)
+    assert (fp8.ceiling, fp8.half_intensity) == (0.709, curve.half_intensity)
 
 
 def test_tp_collectives_by_hand(a100):

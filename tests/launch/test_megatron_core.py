@@ -21,8 +21,9 @@ from solver.spec.loaders import INSTANCES, load_job
 pytestmark = pytest.mark.slow
 
 #: Shipped jobs whose plans run one layout (Megatron-LM can express them), planned in seconds:
-#: interleaved schedules with TP 2 and TP 8.
-JOBS = ["homog-a100-llama2-13b", "h100-sxm-nvl-llama2-13b", "long-context-llama3-8b"]
+#: plain 1F1B, and interleaved schedules with TP 8 (long context) and on 128 H100 (70B).
+JOBS = ["homog-a100-llama2-13b", "h100-sxm-nvl-llama2-13b", "long-context-llama3-8b",
+        "homog-h100-llama3-70b"]
 
 #: MoE with expert parallelism and uneven first/last stages: Mixtral on 128 H100, one layout
 #: by constraint.

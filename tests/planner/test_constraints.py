@@ -16,7 +16,12 @@ from tests.planner.test_planner import write_job
 GPUS = ["H100-SXM-80GB", "A100-SXM-80GB", "L40S"]
 
 
-def _job(tmp_path, table: str, gpus=GPUS, layers=8, n=4):
+#: Layers of the test model: enough that the unconstrained optimum pipelines over all three
+#: GPUs (3 stages, tp 1, micro-batch 2, no recomputation), so each constraint below binds.
+LAYERS = 12
+
+
+def _job(tmp_path, table: str, gpus=GPUS, layers=LAYERS, n=4):
     path = write_job(tmp_path, gpus, layers=layers, n=n)
     path.write_text(path.read_text() + "[constraints]\n" + table)
     return path
@@ -24,7 +29,7 @@ def _job(tmp_path, table: str, gpus=GPUS, layers=8, n=4):
 
 @pytest.fixture(scope="module")
 def free(tmp_path_factory):
-    path = write_job(tmp_path_factory.mktemp("free"), GPUS, layers=8, n=4)
+    path = write_job(tmp_path_factory.mktemp("free"), GPUS, layers=LAYERS, n=4)
     return plan_job(load_job(path))
 
 
@@ -60,7 +65,7 @@ def test_validator_rejects_a_plan_outside_the_constraints(tmp_path, free):
 
 def test_validator_rejects_a_plan_at_another_fixed_n_micro(tmp_path, free):
     # The job fixes n_micro = 2; the free plan was made at 4 micro-batches.
-    job = load_job(write_job(tmp_path, GPUS, layers=8, n=2))
+    job = load_job(write_job(tmp_path, GPUS, layers=LAYERS, n=2))
     assert "n_micro 4 is not the job's training.n_micro 2" in problems(free, job)
 
 

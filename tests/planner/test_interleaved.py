@@ -22,7 +22,8 @@ from solver.planner.validate import problems
 from solver.spec.domain import SolverKind
 from solver.spec.loaders import INSTANCES, load_job
 
-HOMOG = INSTANCES / "jobs" / "homog-a100-llama2-13b.toml"
+#: A one-island job whose optimum interleaves (Llama 3 70B on 128 H100, v = 4).
+HOMOG = INSTANCES / "jobs" / "homog-h100-llama3-70b.toml"
 
 
 def test_chunk_counts_by_hand():

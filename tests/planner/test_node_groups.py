@@ -49,8 +49,14 @@ def test_worked_example_is_monotone_in_h100_nodes():
         cluster = replace(job.cluster, groups=(replace(h100, count=count), a100))
         rates.append(plan_job(replace(job, cluster=cluster)).tokens_per_s)
     assert rates == sorted(rates)
-    # One H100 node of eight lost keeps at least 90 % of the intact throughput.
-    assert rates[2] >= 0.9 * rates[3]
+    # At the job's n_micro = 32 the seven H100 nodes need three stages (no layout of 56 GPUs
+    # divides its 16-sequence micro-batch) and pay 12 % fill: 88 % of the intact throughput.
+    assert 0.85 * rates[3] <= rates[2] < 0.9 * rates[3]
+    # With n_micro searched (what an expert would change), one H100 node of eight lost keeps
+    # at least 90 % of the intact throughput.
+    auto = replace(job, training=replace(job.training, n_micro=None))
+    seven = replace(auto, cluster=replace(job.cluster, groups=(replace(h100, count=7), a100)))
+    assert plan_job(seven).tokens_per_s >= 0.9 * plan_job(auto).tokens_per_s
 
 
 @pytest.mark.parametrize("drop", [("g0", 1), ("g1", 2)])

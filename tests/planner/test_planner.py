@@ -175,10 +175,10 @@ def test_time_lower_bound_holds_at_fp8(name):
 
 
 def test_paper_memory_check_gives_oom_plan_ours_does_not(tmp_path, monkeypatch):
-    # A100-40GB + L40S + A10 (24 GB), 12 layers of a 13B-shaped model, 16 sequences per
+    # A100-40GB + L40S + A10 (24 GB), 16 layers of a 13B-shaped model, 16 sequences per
     # micro-batch, no recomputation (metis features): activations bind on the A10, which holds
     # two micro-batches as the first of two stages.
-    job = load_job(write_job(tmp_path, ["A100-SXM-40GB", "L40S", "A10"],
+    job = load_job(write_job(tmp_path, ["A100-SXM-40GB", "L40S", "A10"], layers=16,
                              gb=64, seq=4096, n=4, features="metis"))
     ours = plan_job(job)
     validate(ours, job)

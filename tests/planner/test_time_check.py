@@ -184,7 +184,7 @@ def _variant(job, **planner):
 
 @pytest.mark.parametrize("name, change", [
     ("seed-llama3-70b", {}),                      # node groups
-    ("homog-a100-llama2-13b", {}),                # internal pipelining, interleaved
+    ("homog-h100-llama3-70b", {}),                # internal pipelining, interleaved
     ("mixtral-a100-h100", {}),                    # MoE, expert parallelism
     ("v100-a100-llama2-13b", {}),                 # V100: FP16, unfused attention
     ("extreme-l40s-h100-llama3-8b", {"fp8": True}),  # L40S without NVLink; FP8

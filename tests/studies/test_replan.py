@@ -161,6 +161,18 @@ def test_key_includes_cost_model_code(h100):
     assert a == CacheKey.of(json.loads(a.text))  # canonical: re-serializing gives the same key
 
 
+def test_key_includes_the_catalogs_kernel_figures(h100, catalog):
+    # An edited catalog entry (same GPU name) must not return the old entry's plans.
+    slc, isl, ctx = _call(h100)
+    base = cache_key(slc, isl, ctx, "p", "c")
+    gpu = catalog["H100-SXM-80GB"]
+    assert cache_key(slc, Island.homogeneous("h", gpu, 16), ctx, "p", "c") == base
+    for edit in ({"gemm_eff": 0.7}, {"gemm_half_balance": 0.5}, {"gemm_latency_us": 9.0},
+                 {"attention_eff": 0.4}):
+        other = Island.homogeneous("h", replace(gpu, **edit), 16)
+        assert cache_key(slc, other, ctx, "p", "c").digest != base.digest, edit
+
+
 def test_key_hashes_every_module_the_parallelizer_runs():
     # A module that decides a partial plan but is not hashed would let an edit return stale
     # entries: follow the cost package's imports (lazy ones too) from the parallelizer.

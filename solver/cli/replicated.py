@@ -63,7 +63,7 @@ def render_replicated(rp: ReplicatedPlan) -> str:
                   render_table(stage_rows(p))]
     lines += idle_lines(rp.idle)
     info = rp.solver
-    proven = "proven optimal" if info.optimal else \
+    proven = info.proof if info.optimal else \
         f"NOT proven optimal (bound {info.bound:.4g} s, gap {info.gap:.1%})"
     lines += ["", f"iteration time {rp.iteration_time_s:.3f} s (slowest replica "
                   f"{rp.iteration_time_s - rp.allreduce_s:.3f} s + all-reduce across replicas "

@@ -110,6 +110,9 @@ class SolverInfo:
         Calls to the homogeneous parallelizer.
     bound, gap : float | None
         Solver bound and relative gap when optimality was not proven.
+    heuristic_pruning : bool
+        Heuristic pruning rules (the paper's 2 and 4) were applied: ``optimal`` then holds
+        over the candidates they left, not over every plan.
     """
 
     name: str
@@ -118,6 +121,17 @@ class SolverInfo:
     parallelizer_calls: int
     bound: float | None = None
     gap: float | None = None
+    heuristic_pruning: bool = False
+
+    @property
+    def proof(self) -> str:
+        """The proof status in words, for the plan's solver line."""
+        if not self.optimal:
+            return "NOT proven optimal" + ("" if self.gap is None else f" (gap {self.gap:.1%})")
+        if self.heuristic_pruning:
+            return ("proven optimal over the candidates heuristic rules 2 and 4 kept "
+                    "(pruning = \"safe\": over all plans)")
+        return "proven optimal"
 
 
 @dataclass(frozen=True)
@@ -220,7 +234,8 @@ def plan_json(plan: Plan, islands_payload: list[dict[str, Any]]) -> dict[str, An
     info = plan.solver
     solver: dict[str, Any] = {"name": info.name, "optimal": info.optimal,
                               "time_s": _r(info.time_s, 4),
-                              "parallelizer_calls": info.parallelizer_calls}
+                              "parallelizer_calls": info.parallelizer_calls,
+                              "heuristic_pruning": info.heuristic_pruning}
     if not info.optimal:
         solver.update(bound=info.bound if info.bound is None else _r(info.bound),
                       gap=info.gap if info.gap is None else _r(info.gap))

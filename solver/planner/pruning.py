@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from solver.cost.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
-from solver.spec.domain import Island, ModelSpec, Precision
+from solver.spec.domain import Island, ModelSpec, Precision, Pruning
 
 STATE_BYTES_PER_PARAM = WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES
 
@@ -44,6 +44,16 @@ class Rule(enum.Flag):
     def safe(cls) -> "Rule":
         """The provably safe set."""
         return cls.DEDUPE | cls.MEMORY | cls.BALANCE_SAFE | cls.INTERFACE_SAFE
+
+    @classmethod
+    def of(cls, pruning: Pruning) -> "Rule":
+        """The rules a job's ``[planner] pruning`` names."""
+        return cls.safe() if pruning is Pruning.SAFE else cls.paper()
+
+    @property
+    def heuristic(self) -> bool:
+        """Whether a rule that may drop the optimum (2 or 4) is among them."""
+        return bool(self & (Rule.BALANCE | Rule.INTERFACE))
 
     @property
     def label(self) -> str:

@@ -209,6 +209,7 @@ def replicated_json(rp: ReplicatedPlan, islands_payload: list[dict[str, Any]]) -
     out["allreduce_s"] = _r(rp.allreduce_s)
     info = rp.solver
     out["replica_search"] = {"optimal": info.optimal, "time_s": _r(info.time_s, 4),
+                             "heuristic_pruning": info.heuristic_pruning,
                              "bound": None if info.bound is None else _r(info.bound),
                              "gap": None if info.gap is None else _r(info.gap),
                              "share_unit": rp.share_unit,

@@ -138,8 +138,10 @@ def _result(job: JobSpec, single: Plan, reps: ReplicaMemo, st: SearchState, unit
     proven = single.solver.optimal and st.settled == total
     bound = None if proven else min(st.open_bound, st.value)
     gap = None if bound is None else max(0.0, (st.value - bound) / st.value)
+    # The replicas are planned under the single pipeline's rules, heuristic or not.
     info = SolverInfo("replicas", proven, single.solver.time_s + elapsed,
-                      single.solver.parallelizer_calls + reps.calls, bound, gap)
+                      single.solver.parallelizer_calls + reps.calls, bound, gap,
+                      single.solver.heuristic_pruning)
     if st.choice is None:
         used = tuple(i for i in single.islands.islands
                      if any(s.island.name == i.name for s in single.stages))

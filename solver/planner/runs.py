@@ -23,7 +23,7 @@ from solver.spec.domain import FeaturePreset, JobSpec, SolverKind
 from solver.spec.errors import InputError
 
 __all__ = ["REL_TIE", "VIEW_ISLANDS", "VIEW_WHOLE", "PlannerConfig", "PlanningRun", "Composed",
-           "start_run", "job_islands", "views"]
+           "resolved", "start_run", "job_islands", "views"]
 
 REL_TIE = 1e-12  # relative tolerance under which two iteration times tie (smaller n wins)
 VIEW_ISLANDS, VIEW_WHOLE = "islands", "whole cluster"
@@ -35,8 +35,8 @@ class PlannerConfig:
 
     Attributes
     ----------
-    rules : Rule
-        Pruning rules to apply.
+    rules : Rule | None
+        Pruning rules to apply (None: the job's ``[planner] pruning``).
     solver : SolverKind | None
         Composition solver (None: the job's).
     features : FeaturePreset | None
@@ -51,7 +51,7 @@ class PlannerConfig:
         Processes that search the ``n_micro`` values (1: this process; the same plan).
     """
 
-    rules: Rule = Rule.paper()
+    rules: Rule | None = None
     solver: SolverKind | None = None
     features: FeaturePreset | None = None
     time_limit_s: float | None = None
@@ -67,7 +67,7 @@ class PlanningRun:
     Attributes
     ----------
     job, config : JobSpec, PlannerConfig
-        What is planned and how.
+        What is planned and how (the rules resolved: :func:`resolved`).
     islands : IslandSet
         The islands of this view.
     cache : GroupCache
@@ -87,6 +87,10 @@ class PlanningRun:
     links: LinkModel
     n_micro: int
     view: str = VIEW_ISLANDS
+
+    def __post_init__(self) -> None:
+        # A run always knows its pruning rules (a config may leave them to the job's).
+        self.config = resolved(self.config, self.job)
 
     @property
     def features(self) -> FeatureSet:
@@ -109,6 +113,13 @@ class Composed:
         return math.inf if self.result.objective is None else float(self.result.objective)
 
 
+def resolved(config: PlannerConfig, job: JobSpec) -> PlannerConfig:
+    """``config`` with its pruning rules fixed: the job's ``[planner] pruning`` unless given."""
+    if config.rules is not None:
+        return config
+    return replace(config, rules=Rule.of(job.planner.pruning))
+
+
 def start_run(job: JobSpec, config: PlannerConfig, n_micro: int | None = None,
               parallelizer: Parallelizer | None = None, islands: IslandSet | None = None,
               view: str = VIEW_ISLANDS, cache: GroupCache | None = None,
@@ -118,6 +129,7 @@ def start_run(job: JobSpec, config: PlannerConfig, n_micro: int | None = None,
     n = n_micro or job.training.n_micro
     if n is None:
         raise ValueError("n_micro must be fixed here; plan_job searches it")
+    config = resolved(config, job)
     features = config.features or job.planner.features
     isl = _allowed_islands(job, islands or cluster_islands(job))
     micro = job.training.global_batch // n

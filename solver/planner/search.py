@@ -35,7 +35,8 @@ from solver.planner.interleaved import best_interleaved
 from solver.planner.plan import Plan, SolverInfo, StagePlan
 from solver.planner.reasons import explain_infeasible, idle_nodes
 from solver.planner.runs import (REL_TIE, VIEW_ISLANDS, VIEW_WHOLE, Composed, PlannerConfig,
-                                 PlanningRun, cluster_islands, job_islands, start_run, views)
+                                 PlanningRun, cluster_islands, job_islands, resolved, start_run,
+                                 views)
 from solver.planner.pruning import (Rule, balance_window, bound_window, interface_bans,
                                     interface_bans_safe, layer_work_flops, memory_cap,
                                     stage_time_lb)
@@ -66,6 +67,7 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
         Nothing fits (or nothing beats ``upper``); the message names the tightest limit.
     """
     start = time.perf_counter()
+    config = run.config if run is not None else resolved(config, job)
     par = parallelizer or AnalyticParallelizer(config.features or job.planner.features)
     fixed = n_micro or job.training.n_micro
     ns = [run.n_micro] if run is not None else ([fixed] if fixed else
@@ -102,6 +104,8 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
         raise InfeasibleError(why, calls)
     else:
         plan = replace(best.plan, solver=best.info(proven, elapsed, calls))
+    heuristic = config.rules.heuristic
+    plan = replace(plan, solver=replace(plan.solver, heuristic_pruning=heuristic))
     validate(plan, job)
     return plan
 

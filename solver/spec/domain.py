@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from solver.spec.constraints import Constraints
-from solver.spec.enums import FeaturePreset, Framework, Precision, Recompute, Schedule, SolverKind
+from solver.spec.enums import (FeaturePreset, Framework, Precision, Pruning, Recompute, Schedule,
+                               SolverKind)
 from solver.spec.hardware import ClusterSpec, GPUSpec, Island, Node, NodeGroup
 from solver.spec.model import ModelSpec
 
 __all__ = ["ClusterSpec", "Constraints", "FeaturePreset", "Framework", "GPUSpec", "Island", "JobSpec",
-           "ModelSpec", "Node", "NodeGroup", "PlannerOptions", "Precision", "Recompute",
+           "ModelSpec", "Node", "NodeGroup", "PlannerOptions", "Precision", "Pruning", "Recompute",
            "Schedule", "SolverKind", "TrainingSpec"]
 
 
@@ -80,6 +81,9 @@ class PlannerOptions:
     framework : Framework
         The training software plans are for (default FlagScale, which runs heterogeneous
         pipelines with a layout per mesh).
+    pruning : Pruning
+        The pruning rules (default the paper's, two of them heuristic; ``safe`` for a plan
+        optimal over every plan).
     """
 
     features: FeaturePreset = FeaturePreset.FULL
@@ -95,6 +99,7 @@ class PlannerOptions:
     max_usd_per_hour: float | None = None
     min_tokens_per_s: float | None = None
     framework: "Framework" = None  # type: ignore[assignment]
+    pruning: Pruning = Pruning.PAPER
 
     def __post_init__(self) -> None:
         if self.framework is None:

@@ -56,6 +56,20 @@ class FeaturePreset(enum.Enum):
     METIS = "metis"
 
 
+class Pruning(enum.Enum):
+    """Which pruning rules the planner applies before it composes (``[planner] pruning``).
+
+    ``PAPER``: the four rules as the Tangram paper states them; rules 2 (balance) and 4
+    (interface) are heuristics, so the plan is optimal over the candidates they leave
+    (``tangram verify`` checks whether they drop the optimum). ``SAFE``: rules 2 and 4 replaced
+    by provably safe bounds, so the plan is optimal over every plan (slower: the bounds need a
+    plan to bound with).
+    """
+
+    PAPER = "paper"
+    SAFE = "safe"
+
+
 class SolverKind(enum.Enum):
     """Composition algorithm."""
 

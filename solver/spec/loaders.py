@@ -22,6 +22,7 @@ from solver.spec.domain import (
     NodeGroup,
     Precision,
     PlannerOptions,
+    Pruning,
     Recompute,
     Schedule,
     SolverKind,
@@ -298,6 +299,7 @@ def _planner(f: Fields) -> PlannerOptions:
         max_usd_per_hour=f.get("max_usd_per_hour", float, None, lo=0, lo_open=True, hi=1e9),
         min_tokens_per_s=f.get("min_tokens_per_s", float, None, lo=0, lo_open=True, hi=1e15),
         framework=f.get_enum("framework", Framework, d.framework),
+        pruning=f.get_enum("pruning", Pruning, d.pruning),
     )
     f.check("framework", opts.framework in PLANNED_FRAMEWORKS,
             f"the planner makes plans for {', '.join(x.value for x in PLANNED_FRAMEWORKS)} only "

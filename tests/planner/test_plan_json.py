@@ -48,7 +48,8 @@ def test_single_pipeline_json_traces_to_the_plan(plan):
     assert out["idle_nodes"] == [{"node": n, "reason": w} for n, w in plan.idle]
     assert out["solver"] == {"name": plan.solver.name, "optimal": True,
                              "time_s": _r(plan.solver.time_s, 4),
-                             "parallelizer_calls": plan.solver.parallelizer_calls}
+                             "parallelizer_calls": plan.solver.parallelizer_calls,
+                             "heuristic_pruning": True}  # the paper's rules, the default
     for got, s in zip(out["stages"], plan.stages, strict=True):
         c = s.plan.config
         assert set(got) == STAGE
@@ -90,8 +91,8 @@ def test_replicated_json_traces_to_the_replicas(tmp_path):
     assert [s["replica"] for s in out["stages"]] == [
         k for k, r in enumerate(rp.replicas) for _ in r.plan.stages]
     assert out["replica_search"] == {
-        "optimal": True, "time_s": _r(rp.solver.time_s, 4), "bound": None, "gap": None,
-        "share_unit": rp.share_unit,
+        "optimal": True, "time_s": _r(rp.solver.time_s, 4), "heuristic_pruning": True,
+        "bound": None, "gap": None, "share_unit": rp.share_unit,
         "partitions": {"settled": rp.partitions[0], "enumerated": rp.partitions[1]}}
     assert out["idle_nodes"] == [{"node": n, "reason": w} for n, w in rp.idle]
 

@@ -152,6 +152,7 @@ n_micro = 8
     (JOB + "[planner]\nsolver = \"gurobi\"\n", "planner.solver", "not one of"),
     (JOB + "[planner]\nbeta = 0.5\n", "planner.beta", ">= 1"),
     (JOB + "[planner]\nfeatures = \"all\"\n", "planner.features", "not one of"),
+    (JOB + "[planner]\npruning = \"fast\"\n", "planner.pruning", "not one of"),
     (JOB.replace("[training]", "[trainin]"), "trainin", "unknown key"),
 ])
 def test_bad_job(tmp_path, text, key, reason):

@@ -165,7 +165,7 @@ def render_plan(plan: Plan) -> str:
         lines += ["", f"view: the {plan.view} as one island at its weakest node's figures "
                       "(a heterogeneity-oblivious plan) beats every plan over the islands"]
     info = plan.solver
-    proven = "proven optimal" if info.optimal else f"NOT proven optimal (gap {info.gap})"
+    proven = info.proof
     lines += ["", f"iteration time {plan.iteration_time_s:.3f} s "
               f"(pipeline {plan.pipeline_time_s:.3f} s + per-iteration {plan.iteration_extra_s:.3f} s)",
               f"throughput {plan.tokens_per_s:,.0f} tokens/s, bubble ratio {plan.bubble_ratio:.1%}, "

@@ -10,6 +10,7 @@ and three-gen jobs). The sweep therefore parallelizes over ``n`` instead (``work
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -91,9 +92,11 @@ class SweepResult:
 
 
 def plan_point(job: JobSpec, config: PlannerConfig, n: int) -> SweepPoint:
-    """Plan ``job`` at ``n`` micro-batches (a module-level function so workers can run it)."""
+    """Plan ``job`` at ``n`` micro-batches (a module-level function so workers can run it): the
+    job with its ``n_micro`` set to ``n``, so a job that fixes another one is swept too."""
+    at_n = dataclasses.replace(job, training=dataclasses.replace(job.training, n_micro=n))
     try:
-        return SweepPoint(n, plan_job(job, config, n_micro=n))
+        return SweepPoint(n, plan_job(at_n, config, n_micro=n))
     except InfeasibleError as exc:
         return SweepPoint(n, None, str(exc))
 

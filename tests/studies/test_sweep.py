@@ -62,6 +62,19 @@ def test_every_point_is_an_exact_validated_plan(mini_path, mini_sweep):
     assert mini_sweep.best is best
 
 
+def test_a_job_that_fixes_n_micro_is_swept_at_every_n(mini_path):
+    # n_micro fixed in the job is a constraint of `tangram plan`, not of the sweep: each point
+    # is the job at that n (the validator refuses a plan at another n than the job fixes, and
+    # once every point but the job's own came back empty).
+    job = load_job(mini_path)
+    fixed = dataclasses.replace(job, training=dataclasses.replace(job.training, n_micro=8))
+    points = sweep(fixed, ns=[2, 8, 32]).points
+    assert [p.feasible for p in points] == [True, True, True]
+    for p in points:
+        validate(p.plan, dataclasses.replace(job, training=dataclasses.replace(
+            job.training, n_micro=p.n_micro)))
+
+
 def test_json_has_exactly_the_contract_keys(mini_sweep):
     payload = sweep_json(mini_sweep)
     assert set(payload) == {"points", "best"}

@@ -25,17 +25,20 @@ pytestmark = pytest.mark.slow
 JOBS = ["homog-a100-llama2-13b", "h100-sxm-nvl-llama2-13b", "long-context-llama3-8b",
         "homog-h100-llama3-70b"]
 
-#: MoE with expert parallelism and uneven first/last stages: Mixtral on 128 H100, one layout
-#: by constraint.
+#: MoE with expert parallelism and an uneven last stage: Mixtral on 128 H100, planned for
+#: Megatron-Core (one mesh, one layout), three stages by constraint (56 layers: 19, 19, 18).
 MOE_JOB = """model = "mixtral-8x22b"
 cluster = "h100-128"
 [training]
 global_batch = 512
 seq_len = 4096
 n_micro = 32
+[planner]
+framework = "megatron-core"
 [constraints]
 tp = [2]
 ep = [8]
+pp = [3]
 """
 
 
@@ -100,7 +103,8 @@ def mcore():
 
 def test_a_plan_of_several_layouts_says_why_in_one_line():
     from solver.planner.search import plan_job
-    plan = plan_job(load_job(INSTANCES / "jobs" / "homog-h100-llama3-70b.toml"))
+    # The worked example's FlagScale plan: H100 stages at dp 8, A100 stages at dp 16.
+    plan = plan_job(load_job(INSTANCES / "jobs" / "seed-llama3-70b.toml"))
     with pytest.raises(NotExpressible, match="export to flagscale") as exc:
         megatron_args(plan)
     assert "\n" not in str(exc.value)

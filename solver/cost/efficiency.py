@@ -190,6 +190,7 @@ class GemmKernel:
 
 
 def _or(value: float | None, default: float) -> float:
+    """``value``, or ``default`` where the catalog gives none."""
     return default if value is None else value
 
 

@@ -131,18 +131,22 @@ def predicted_seconds(rows: list[GemmMeasurement], catalog: dict[str, GPUSpec],
 
 def _least_squares(base: np.ndarray, traffic: np.ndarray, measured: np.ndarray
                    ) -> tuple[float, float]:
-    """``(c, t0) >= 0`` minimizing the squared relative time error."""
+    """``(c, t0) >= 0`` minimizing the squared relative time error (exact: the unconstrained
+    optimum when it is feasible, else the better of the two edges ``c = 0`` and ``t0 = 0``)."""
     w = 1.0 / measured
     design = np.column_stack([traffic * w, w])
     target = 1.0 - base * w
     c, t0 = np.linalg.lstsq(design, target, rcond=None)[0]
     if c >= 0 and t0 >= 0:
         return float(c), float(t0)
-    # The optimum lies on an edge of the feasible quadrant: fit the other unknown alone.
-    column = 1 if c < 0 else 0
-    single = design[:, column]
-    value = max(0.0, float(single @ target / (single @ single)))
-    return (0.0, value) if c < 0 else (value, 0.0)
+
+    def edge(column: int) -> tuple[float, tuple[float, float]]:
+        x = design[:, column]
+        value = max(0.0, float(x @ target / (x @ x)))
+        loss = float(np.sum((target - value * x) ** 2))
+        return loss, ((value, 0.0) if column == 0 else (0.0, value))
+
+    return min(edge(0), edge(1))[1]
 
 
 def fit_curve(rows: list[GemmMeasurement], catalog: dict[str, GPUSpec], label: str,

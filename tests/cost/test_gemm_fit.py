@@ -103,3 +103,23 @@ def test_the_fitted_curves_beat_the_balance_scaled_one(fits, rows, catalog):
         mine = [r for r in rows if r.gpu == gpu]
         old_rms, _ = curve_error(mine, catalog, 4.5, 0.0)
         assert fits[gpu].rms < 0.1 < 0.4 < old_rms, (gpu, fits[gpu].rms, old_rms)
+
+
+def test_fit_stays_non_negative_and_is_the_best_feasible_point(catalog):
+    # Times written from a negative traffic multiple (c = -0.2: larger GEMMs relatively faster
+    # than the ceiling allows) have their unconstrained optimum outside c >= 0: the fit takes
+    # the best point of the feasible quadrant, which no grid point beats.
+    shapes = [(m, n, k) for m in (512, 1024, 4096) for n in (512, 2048) for k in (512, 4096)]
+    stub = [GemmMeasurement("sm_x", "H100-SXM-80GB", m, n, k, 1.0) for m, n, k in shapes]
+    seconds = predicted_seconds(stub, catalog, -0.2, 5.0)
+    planted = [dataclasses.replace(r, flops_per_s=2.0 * r.m * r.n * r.k / t)
+               for r, t in zip(stub, seconds)]
+    fit = fit_curve(planted, catalog, "planted")
+    assert fit.half_balance == 0.0 and fit.latency_us >= 0.0
+
+    def loss(c: float, t0_us: float) -> float:
+        return float(np.sum((predicted_seconds(planted, catalog, c, t0_us) / seconds - 1) ** 2))
+
+    best = loss(fit.half_balance, fit.latency_us)
+    grid = [(c, t) for c in np.linspace(0.0, 0.5, 26) for t in np.linspace(0.0, 10.0, 101)]
+    assert all(loss(c, t) >= best - 1e-12 for c, t in grid)

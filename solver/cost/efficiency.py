@@ -169,8 +169,8 @@ class GemmKernel:
         gpus = island.gpu_types
         return cls(
             ceiling=min(g.gemm_ceiling(precision) for g in gpus),
-            half_intensity=balance * max(_or(g.gemm_half_balance, calib.gemm_half_balance)
-                                         for g in gpus),
+            half_intensity=balance * max(calib.gemm_half_balance if g.gemm_half_balance is None
+                                         else g.gemm_half_balance for g in gpus),
             latency_s=max(calib.gemm_latency_s if g.gemm_latency_us is None
                           else g.gemm_latency_us * 1e-6 for g in gpus),
             in_training=calib.gemm_in_training)
@@ -187,11 +187,6 @@ class GemmKernel:
         """Seconds of one GEMM kernel doing ``flops`` of work of shape ``(m, n, k)`` (a
         grouped GEMM, e.g. a rank's experts, is one kernel) on a GPU of ``peak_flops``."""
         return flops / (peak_flops * self.efficiency(m, n, k)) + self.latency_s
-
-
-def _or(value: float | None, default: float) -> float:
-    """``value``, or ``default`` where the catalog gives none."""
-    return default if value is None else value
 
 
 def machine_balance(island: Island) -> float:

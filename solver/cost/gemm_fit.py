@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from solver.cost.efficiency import GemmKernel
 from solver.spec.domain import GPUSpec
 from solver.spec.loaders import INSTANCES, load_catalog
 
@@ -124,9 +125,16 @@ def _terms(rows: list[GemmMeasurement], catalog: dict[str, GPUSpec]
 
 def predicted_seconds(rows: list[GemmMeasurement], catalog: dict[str, GPUSpec],
                       half_balance: float, latency_us: float) -> np.ndarray:
-    """Stand-alone seconds the curve ``(c, t0)`` gives each measured shape."""
-    base, traffic, _ = _terms(rows, catalog)
-    return base + half_balance * traffic + latency_us * 1e-6
+    """Stand-alone seconds the cost model's GEMM time (:class:`GemmKernel`, in-training
+    fraction 1) gives each measured shape with the curve ``(c, t0)``."""
+    out = []
+    for r in rows:
+        gpu = catalog[r.gpu]
+        peak = gpu.bf16_tflops * 1e12
+        kernel = GemmKernel(gpu.gemm_eff, half_balance * peak / (gpu.hbm_bw_gbs * 1e9),
+                            latency_us * 1e-6, 1.0)
+        out.append(float(kernel.seconds(2.0 * r.m * r.n * r.k, r.m, r.n, r.k, peak)))
+    return np.array(out)
 
 
 def _least_squares(base: np.ndarray, traffic: np.ndarray, measured: np.ndarray
@@ -153,11 +161,9 @@ def fit_curve(rows: list[GemmMeasurement], catalog: dict[str, GPUSpec], label: s
               min_side: int = MIN_SIDE) -> CurveFit:
     """The least-squares ``(c, t0)`` over ``rows`` with every side at least ``min_side``."""
     rows = [r for r in rows if min(r.m, r.n, r.k) >= min_side]
-    base, traffic, measured = _terms(rows, catalog)
-    c, t0 = _least_squares(base, traffic, measured)
-    err = np.log((base + c * traffic + t0) / measured)
-    return CurveFit(label, c, t0 * 1e6, float(np.sqrt(np.mean(err ** 2))),
-                    float(np.abs(err).max()), len(rows))
+    c, t0 = _least_squares(*_terms(rows, catalog))
+    rms, worst = curve_error(rows, catalog, c, t0 * 1e6, min_side)
+    return CurveFit(label, c, t0 * 1e6, rms, worst, len(rows))
 
 
 def all_fits(path: Path | str = CSV_PATH) -> list[CurveFit]:

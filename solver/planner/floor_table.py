@@ -1,0 +1,105 @@
+"""The floor stage table: proving an ``(n_micro, view)`` cannot beat a bar before pricing it.
+
+Pricing a stage table (every slice length on every group size and position through the
+parallelizer) is most of what a search costs, and a search asked to beat a bar (a later
+``n_micro`` against the best plan so far, a replica against its budget) usually finds nothing.
+The floor table has the real table's structure — the same islands, group sizes, slice lengths
+the rules allow, links, banned boundaries and depth limits — and one option per entry, priced
+from :func:`~solver.planner.floors.kernel_floor` instead of the parallelizer:
+
+* latency ``(d · c_g + [the stage holds the LM head] · h_g) / n`` for ``d`` layers on a group
+  ``g`` whose layer and head floors per iteration are ``c_g`` and ``h_g``; every option the
+  parallelizer prices for that entry takes at least as long
+  (``tests/planner/test_floor_table.py`` checks this premise on the cost model);
+* per-iteration time 0 and unlimited micro-batches in flight (every real option costs
+  ``v >= 0`` and holds at most what fits).
+
+The composition objective ``T = (n − 1)·max(τ, c) + Σ τ + Σ c + max v`` is monotone in every
+``τ`` and ``v``, and every plan of the real table is a plan of the floor table (capacities are
+only relaxed, links are the same), so the floor table's optimum is at most the real one. When
+the exact group DP proves that nothing in the floor table beats the bar, nothing in the real
+table does: the cut is provably safe.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from solver.compose.group_dp import compose_groups_dp
+from solver.compose.result import TooLargeError
+from solver.compose.stage_table import (UNLIMITED, GroupRestrictions, IslandSlots, Options,
+                                        StageTable)
+from solver.compose.table import Position
+from solver.cost.parallelizer import kernel_calibration
+from solver.planner.candidates import TableSpec
+from solver.planner.floors import kernel_floor
+from solver.planner.runs import PlanningRun
+
+__all__ = ["floor_table", "floor_cuts"]
+
+
+def _entry(layers: int, lengths: list[int], layer: float, head: float, n: int) -> Options:
+    """One option per allowed length at the floor latency, free per iteration, no memory limit."""
+    lat = np.full((layers + 1, 1), np.inf)
+    d = np.asarray(lengths)
+    lat[d, 0] = (d * layer + head) / n
+    return Options(lat, np.zeros((layers + 1, 1)),
+                   np.full((layers + 1, 1), UNLIMITED, dtype=np.int64))
+
+
+def floor_table(run: PlanningRun, spec: TableSpec,
+                rate: np.ndarray) -> StageTable | None:
+    """The floor stage table of ``run`` under ``spec`` (None: no entry is allowed).
+
+    ``rate``: the link rates between the run's islands, in their order
+    (:func:`~solver.planner.search.link_rates`)."""
+    job, layers, n = run.job, run.job.model.layers, run.n_micro
+    calib = kernel_calibration(run.cache.parallelizer)
+    slots: list[IslandSlots] = []
+    options: dict[tuple[int, int, Position], Options] = {}
+    kept: list[int] = []
+    for index, island in enumerate(run.islands.islands):
+        name = island.name
+        sizes = spec.groups[name] if spec.groups is not None else \
+            run.cache.sizes(name, run.features)
+        used = []
+        for g in sizes:
+            layer, head = kernel_floor(job, run.cache.group(name, g), g, calib)
+            for pos in Position:
+                lengths = spec.lengths(name, g, pos, layers)
+                if lengths:
+                    last = pos in (Position.LAST, Position.ONLY)
+                    options[(len(slots), g, pos)] = _entry(layers, lengths, layer,
+                                                           head if last else 0.0, n)
+                    used.append(g)
+        if used:
+            full = run.cache.islands[name]
+            slots.append(IslandSlots(name, len(full.nodes), full.gpus_per_node,
+                                     tuple(sorted(set(used)))))
+            kept.append(index)
+    if not slots:
+        return None
+    return StageTable(layers, n, tuple(slots), options, rate[np.ix_(kept, kept)])
+
+
+def floor_cuts(run: PlanningRun, spec: TableSpec, restrictions: GroupRestrictions,
+               rate: np.ndarray, bar: float) -> bool:
+    """Whether the floor table proves that no plan of ``run`` under ``spec`` and
+    ``restrictions`` beats ``bar`` seconds per iteration (provably safe; the module docstring
+    says why). False when ``bar`` is infinite, or the table is too large for the group DP."""
+    if not math.isfinite(bar):
+        return False
+    table = floor_table(run, spec, rate)
+    if table is None:
+        return True  # nothing is allowed, so nothing beats the bar
+    names = set(table.names())
+    restr = replace(restrictions, banned_links=frozenset(
+        p for p in restrictions.banned_links if p[0] in names and p[1] in names))
+    try:
+        result = compose_groups_dp(table, restr, run.job.planner.overlap, bar)
+    except TooLargeError:
+        return False
+    return not result.feasible

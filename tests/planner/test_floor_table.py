@@ -1,0 +1,129 @@
+"""The floor stage table (:mod:`solver.planner.floor_table`): every option the parallelizer
+prices is at least its floor entry, so the floor table's optimum is at most the real one and a
+cut against a bar never drops a plan that beats it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import INSTANCES
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solver.compose.group_dp import compose_groups_dp
+from solver.cost.parallelizer import AnalyticParallelizer
+from solver.planner import search as search_module
+from solver.planner.candidates import TableSpec, build_stage_table
+from solver.planner.floor_table import floor_cuts, floor_table
+from solver.planner.replica_plan import replica_job
+from solver.planner.search import (PlannerConfig, _restrictions, link_rates, plan_job,
+                                   rule_tables, run_groups, search, views)
+from solver.spec.errors import InfeasibleError
+from solver.spec.loaders import load_job
+
+JOBS = ["seed-llama3-70b", "odd-3h100-5a100-llama2-13b", "mixtral-a100-h100",
+        "v100-a100-llama2-13b", "small-7b-512"]
+
+
+def _runs(name: str, n: int):
+    job = load_job(INSTANCES / "jobs" / f"{name}.toml")
+    return views(job, PlannerConfig(), n, AnalyticParallelizer(job.planner.features))
+
+
+def _spec(run) -> TableSpec:
+    groups = run_groups(run)
+    caps, windows = rule_tables(run, groups)
+    return TableSpec(windows, caps, groups)
+
+
+def _floor_value(run, spec) -> float:
+    table = floor_table(run, spec, link_rates(run))
+    restr = _restrictions(run, frozenset(), None)
+    got = compose_groups_dp(table, restr, run.job.planner.overlap)
+    assert got.feasible
+    return got.objective
+
+
+@pytest.mark.parametrize("n", [1, 4, 16])
+@pytest.mark.parametrize("name", JOBS)
+def test_every_priced_option_is_at_least_its_floor_entry(name, n):
+    for run in _runs(name, n):
+        spec = _spec(run)
+        names = tuple(i.name for i in run.islands.islands)
+        real = build_stage_table(run.cache, spec, link_rates(run), names, run.features)
+        floor = floor_table(run, spec, link_rates(run))
+        assert real is not None and floor is not None
+        index = {s.name: k for k, s in enumerate(floor.islands)}
+        checked = 0
+        for (k, g, pos), opts in real.table.options.items():
+            fk = index[real.table.islands[k].name]  # every priced island is in the floor table
+            low = floor.options[(fk, g, pos)].latency[:, 0]
+            for d in range(1, real.table.layers + 1):
+                finite = opts.latency[d][np.isfinite(opts.latency[d])]
+                if finite.size:
+                    assert np.isfinite(low[d]), (run.view, k, g, pos, d)
+                    assert finite.min() >= low[d] * (1 - 1e-12), (run.view, k, g, pos, d)
+                    checked += 1
+        assert checked > 0
+
+
+@pytest.mark.parametrize("name", JOBS)
+def test_the_floor_optimum_is_at_most_the_plan_and_the_cut_is_tight_at_it(name):
+    for run in _runs(name, 8):
+        spec = _spec(run)
+        found = search(run)
+        assert found is not None and found.result.feasible
+        value = _floor_value(run, spec)
+        assert 0 < value <= found.total * (1 + 1e-12), (run.view, value, found.total)
+        restr = _restrictions(run, frozenset(), None)
+        rate = link_rates(run)
+        # Nothing in the floor table beats its own optimum (up to rounding); above it, no cut.
+        assert floor_cuts(run, spec, restr, rate, value * (1 - 1e-9))
+        assert not floor_cuts(run, spec, restr, rate, value * (1 + 1e-6))
+        assert not floor_cuts(run, spec, restr, rate, found.total * (1 + 1e-9))
+        assert not floor_cuts(run, spec, restr, rate, math.inf)  # no bar: nothing to prove
+
+
+@settings(max_examples=12, deadline=None)
+@given(name=st.sampled_from(JOBS[:4]), n=st.sampled_from([1, 2, 3, 8, 32]),
+       ratio=st.floats(0.5, 1.5))
+def test_a_search_against_a_bar_finds_the_plan_exactly_when_it_beats_the_bar(name, n, ratio):
+    # With the cut: against a bar above the optimum the search still finds
+    # the optimum, below it nothing.
+    for run in _runs(name, n):
+        best = search(run)
+        assert best is not None and best.result.feasible
+        bar = best.total * ratio
+        got = search(run, bar, floor_cut=True)
+        if best.total < bar:
+            assert got is not None and got.result.feasible
+            assert got.total == pytest.approx(best.total, rel=1e-12)
+        else:
+            assert got is None or not got.result.feasible
+
+
+def _plan_or_none(job, upper):
+    try:
+        return plan_job(job, upper=upper)
+    except InfeasibleError:
+        return None
+
+
+@pytest.mark.parametrize("islands,share,factor", [
+    (("i2-A100-SXM-80GB",), 256, 1.02), (("i0-H200-SXM-141GB", "i1-H100-SXM-80GB"), 768, 1.0),
+    (("i1-H100-SXM-80GB",), 384, 0.98)])
+def test_replica_asks_plan_the_same_with_and_without_the_cut(monkeypatch, islands, share,
+                                                             factor):
+    job = load_job(INSTANCES / "jobs" / "small-7b-512.toml")
+    ask = replica_job(job, islands, share)
+    alone = plan_job(ask).iteration_time_s
+    upper = alone * factor
+    with_cut = _plan_or_none(ask, upper)
+    monkeypatch.setattr(search_module, "floor_cuts", lambda *args: False)
+    without = _plan_or_none(ask, upper)
+    assert (with_cut is None) == (without is None) == (factor <= 1.0)
+    if with_cut is not None:
+        assert with_cut.iteration_time_s == without.iteration_time_s
+        assert with_cut.stages == without.stages

@@ -41,13 +41,14 @@ from solver.planner.runs import PlanningRun
 __all__ = ["floor_table", "floor_cuts"]
 
 
-def _entry(layers: int, lengths: list[int], layer: float, head: float, n: int) -> Options:
-    """One option per allowed length at the floor latency, free per iteration, no memory limit."""
-    lat = np.full((layers + 1, 1), np.inf)
+def _entry(lengths: list[int], layer: float, head: float, n: int,
+           free: tuple[np.ndarray, np.ndarray]) -> Options:
+    """One option per allowed length at the floor latency; ``free``: the shared (read-only)
+    columns of no per-iteration time and no memory limit."""
+    lat = np.full_like(free[0], np.inf)
     d = np.asarray(lengths)
     lat[d, 0] = (d * layer + head) / n
-    return Options(lat, np.zeros((layers + 1, 1)),
-                   np.full((layers + 1, 1), UNLIMITED, dtype=np.int64))
+    return Options(lat, free[0], free[1])
 
 
 def floor_table(run: PlanningRun, spec: TableSpec,
@@ -61,6 +62,7 @@ def floor_table(run: PlanningRun, spec: TableSpec,
     slots: list[IslandSlots] = []
     options: dict[tuple[int, int, Position], Options] = {}
     kept: list[int] = []
+    free = (np.zeros((layers + 1, 1)), np.full((layers + 1, 1), UNLIMITED, dtype=np.int64))
     for index, island in enumerate(run.islands.islands):
         name = island.name
         sizes = spec.groups[name] if spec.groups is not None else \
@@ -72,8 +74,8 @@ def floor_table(run: PlanningRun, spec: TableSpec,
                 lengths = spec.lengths(name, g, pos, layers)
                 if lengths:
                     last = pos in (Position.LAST, Position.ONLY)
-                    options[(len(slots), g, pos)] = _entry(layers, lengths, layer,
-                                                           head if last else 0.0, n)
+                    options[(len(slots), g, pos)] = _entry(lengths, layer,
+                                                           head if last else 0.0, n, free)
                     used.append(g)
         if used:
             full = run.cache.islands[name]

@@ -61,7 +61,7 @@ from solver.compose.stage_table import GroupRestrictions, GroupResult, StageTabl
 
 Live = Callable[[], float]  # the current bar of a search whose incumbent may fall as it runs
 
-__all__ = ["MAX_GROUP_ISLANDS", "Mode", "compose_groups_dp", "level_in_flight"]
+__all__ = ["MAX_GROUP_ISLANDS", "Mode", "beats", "compose_groups_dp", "level_in_flight"]
 
 
 def _bottleneck(table: StageTable, stages, overlap: bool) -> float:
@@ -193,7 +193,7 @@ def _middle(values: np.ndarray, a: int, b: int) -> int:
 
 
 def _search_caps(prep: _Prep, vcap: float, t_budget: float = _INF, known: list | None = None,
-                 live: Live | None = None):
+                 live: Live | None = None, first: bool = False):
     """Best ``(T_pipe, stages)`` with every option's per-iteration time ``<= vcap`` and
     ``T_pipe < t_budget`` (None if there is none): branch-and-bound over the bottleneck cap.
     ``live``, read before each pass, may lower ``t_budget`` while the search runs.
@@ -202,7 +202,8 @@ def _search_caps(prep: _Prep, vcap: float, t_budget: float = _INF, known: list |
     and a lower bound on ``S(C_b)``; caps inside have ``T >= (n−1)·C_{a+1} + S(C_b)``. An
     interval is split at its middle value (:func:`_middle`). ``known`` collects
     ``(bottleneck, largest per-iteration time, S)`` of every plan found, shared with the
-    caller's other searches (:func:`_known_sum`).
+    caller's other searches (:func:`_known_sum`). ``first``: stop at the first plan found under
+    ``t_budget`` (it answers whether one exists, not which is best).
     """
     n = prep.table.n_micro
     known = [] if known is None else known
@@ -218,7 +219,7 @@ def _search_caps(prep: _Prep, vcap: float, t_budget: float = _INF, known: list |
     values = values[values >= floor]
     best = [t_budget, _INF, None]
     stack = [(-1, _INF, values.size, s_lb)]
-    while stack:
+    while stack and not (first and best[2] is not None and best[0] < t_budget):
         a, s_a, b, s_b = stack.pop()
         bar = _read(live)
         if bar < best[0]:  # beaten elsewhere: the plan here, if any, no longer wins
@@ -250,7 +251,7 @@ def _read(live: Live | None) -> float:
 
 
 def _search_iteration(prep: _Prep, values: np.ndarray, incumbent: float = _INF,
-                      live: Live | None = None):
+                      live: Live | None = None, first: bool = False):
     """Best ``(T, stages)`` over iteration caps: ``T* = min_V pipe(V) + V`` (the optimal plan's
     largest per-iteration time ``v`` has ``pipe(v) + v <= T*``), ``pipe`` non-increasing in
     ``V``: a walk down the sorted values.
@@ -262,11 +263,20 @@ def _search_iteration(prep: _Prep, values: np.ndarray, incumbent: float = _INF,
     and its best is that plan) and every ``V >= best − p`` (``T >= p + V`` below ``V_b``); the
     walk goes on below both. Fewer solves than a bisection where ``pipe`` has few steps near
     the optimum, the case that costs. Only plans below ``incumbent`` (and below what ``live``
-    reads, which may fall while the walk runs) are sought.
+    reads, which may fall while the walk runs) are sought; with ``first``, the first plan
+    found below ``incumbent`` is returned (whether one exists, not the best).
     """
     known: list = []  # plans found at any cap, shared by the searches below
     v0 = float(values[0])
     pipe_live = None if live is None else (lambda: live() - v0)
+    if first:  # a plan with pipe < incumbent − V_max is one; with one value, none is none
+        vmax = float(values[-1])
+        found = _search_caps(prep, vmax, incumbent - vmax, known, first=True)
+        if found is not None and found[0] < incumbent - vmax:  # not a tie with the bar
+            return found[0] + max(st.iteration for st in found[1]), found[1]
+        if values.size == 1:
+            return None
+        return _search_iteration(prep, values, incumbent, live)
     top = _search_caps(prep, float(values[-1]), incumbent - v0, known, pipe_live)
     if top is None:
         return None
@@ -312,6 +322,24 @@ def _shallow_first(table, restrictions, overlap, prep, iters, live: Live | None 
     # The bar may have fallen below the shallow plan while the full search ran: it is then
     # beaten elsewhere, as every plan the full search cut.
     return first if first[0] < _read(live) else None
+
+
+def beats(table: StageTable, restrictions: GroupRestrictions | None, overlap: bool,
+          bar: float) -> bool:
+    """Whether some plan of ``table`` takes less than ``bar`` seconds per iteration (exact).
+
+    The search of :func:`compose_groups_dp` with ``bar`` as its incumbent, stopped at the
+    first plan found under it: a plan is a witness, and the search finding none is the proof.
+
+    Raises
+    ------
+    TooLargeError
+        As :func:`compose_groups_dp`.
+    """
+    prep = _prepare(table, restrictions, overlap)
+    iters = np.unique(np.concatenate([o.iteration[np.isfinite(o.latency)]
+                                      for o in table.options.values()] + [np.array([])]))
+    return bool(iters.size) and _search_iteration(prep, iters, bar, first=True) is not None
 
 
 def compose_groups_dp(table: StageTable, restrictions: GroupRestrictions | None = None,

@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from solver.compose.group_dp import compose_groups_dp
+from solver.compose.group_dp import beats
 from solver.compose.result import TooLargeError
 from solver.compose.stage_table import (UNLIMITED, GroupRestrictions, IslandSlots, Options,
                                         StageTable)
@@ -101,7 +101,6 @@ def floor_cuts(run: PlanningRun, spec: TableSpec, restrictions: GroupRestriction
     restr = replace(restrictions, banned_links=frozenset(
         p for p in restrictions.banned_links if p[0] in names and p[1] in names))
     try:
-        result = compose_groups_dp(table, restr, run.job.planner.overlap, bar)
+        return not beats(table, restr, run.job.planner.overlap, bar)
     except TooLargeError:
         return False
-    return not result.feasible

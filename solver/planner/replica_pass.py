@@ -127,11 +127,13 @@ def _shrink_tops(reps: ReplicaMemo, part: Partition, unit: int,
         if not walking:
             return False
         # With workers, the shares just below each top are planned alongside it: a top that
-        # fails needs the next one, and one that holds has the exact pass plan those below.
+        # fails needs the next one, and one that holds has the exact pass plan those below —
+        # those at or above the window's floor, which only rises as the other tops fall.
         ask = _ask(st)
         yield ([(part[r], his[r], ask) for r in walking],
                [(part[r], b, ask) for r in walking
-                for b in range(his[r] - unit, max(0, his[r] - reps.ahead * unit), -unit)])
+                for b in range(his[r] - unit, max(0, his[r] - reps.ahead * unit), -unit)
+                if b >= batch - (sum(his) - his[r])])
         for r in walking:
             times[r][his[r]] = reps.time(part[r], his[r], ask)
 

@@ -17,7 +17,7 @@ from formulations.groups_cpsat import solve_groups_cpsat
 from formulations.groups_milp import solve_groups_milp
 from solver.compose.dp import compose_dp
 from solver.compose.group_brute import compose_groups_brute
-from solver.compose.group_dp import compose_groups_dp
+from solver.compose.group_dp import beats, compose_groups_dp
 from solver.compose.stage_table import (UNLIMITED, GroupRestrictions, GroupStage, IslandSlots,
                                         Options, StageTable, group_objective, group_problems,
                                         stage_table_from_latency)
@@ -304,3 +304,19 @@ def test_a_live_bar_falling_mid_search_cuts_only_what_it_should(case, overlap, a
         assert below.objective == pytest.approx(brute.objective, rel=1e-5)
     else:
         assert below.status == "dominated"
+
+
+@settings(max_examples=300, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(stage_tables(), st.booleans(), st.floats(0.8, 1.2))
+def test_beats_answers_whether_a_plan_is_under_the_bar_as_brute_force_does(case, overlap, ratio):
+    """:func:`beats` stops at the first plan under the bar: its answer is the brute force's
+    optimum compared with the bar (per-iteration times and capacities drawn as they come)."""
+    table, restr = case
+    brute = compose_groups_brute(table, restr, overlap)
+    if brute.objective is None:
+        assert not beats(table, restr, overlap, math.inf)
+        return
+    for bar in (brute.objective * ratio, brute.objective * (1 + 1e-9),
+                brute.objective * (1 - 1e-9)):
+        assert beats(table, restr, overlap, bar) == (brute.objective < bar), bar

@@ -103,3 +103,24 @@ def test_the_parallel_pass_stops_at_its_deadline_with_the_lowest_open_bound(job)
     stopped = SearchState(math.inf)
     in_process = ReplicaMemo(job, ReplicaPlanner(job, PlannerConfig(), 8))
     assert solve_partition(in_process, ranked[0][1], 8, stopped, 0.0) is False
+
+
+def test_shares_planned_ahead_stay_within_the_window(job):
+    """The window walk plans the shares below each top alongside it, but never one under the
+    window's floor (the batch less the other replicas' tops: no share vector can use it, and
+    the floor only rises as the tops fall). Three replicas against an incumbent just above
+    their optimum: tops 32/32/8 of 64 sequences, so below 32 only 24 is of use."""
+    part = tuple((i,) for i in job_islands(job).islands)
+    best = _run(partition_search(ReplicaMemo(job, ReplicaPlanner(job, PlannerConfig(), 8)),
+                                 part, 8, SearchState(math.inf)))
+    reps = ReplicaMemo(job, ReplicaPlanner(job, PlannerConfig(), 8))
+    reps.ahead = 64  # as many shares below the tops as the window holds
+    reads, ahead = next(partition_search(reps, part, 8, SearchState(best[0] * 1.0001)))
+    tops = {g: b for g, b, _ in reads}
+    assert set(tops) == set(part)  # the first step reads every top
+    batch = job.training.global_batch
+    assert batch - sum(tops.values()) + max(tops.values()) > 8  # a floor above the unit
+    for g, b, _ in ahead:
+        assert batch - (sum(tops.values()) - tops[g]) <= b < tops[g]
+    assert len(ahead) == sum(tops[g] - max(8, batch - sum(tops.values()) + tops[g])
+                             for g in part) // 8 > 0

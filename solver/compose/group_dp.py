@@ -324,6 +324,12 @@ def _shallow_first(table, restrictions, overlap, prep, iters, live: Live | None 
     return first if first[0] < _read(live) else None
 
 
+def _iteration_values(table: StageTable) -> np.ndarray:
+    """Sorted distinct per-iteration times of the table's options (empty: no option)."""
+    return np.unique(np.concatenate([o.iteration[np.isfinite(o.latency)]
+                                     for o in table.options.values()] + [np.array([])]))
+
+
 def beats(table: StageTable, restrictions: GroupRestrictions | None, overlap: bool,
           bar: float) -> bool:
     """Whether some plan of ``table`` takes less than ``bar`` seconds per iteration (exact).
@@ -336,9 +342,7 @@ def beats(table: StageTable, restrictions: GroupRestrictions | None, overlap: bo
     TooLargeError
         As :func:`compose_groups_dp`.
     """
-    prep = _prepare(table, restrictions, overlap)
-    iters = np.unique(np.concatenate([o.iteration[np.isfinite(o.latency)]
-                                      for o in table.options.values()] + [np.array([])]))
+    prep, iters = _prepare(table, restrictions, overlap), _iteration_values(table)
     return bool(iters.size) and _search_iteration(prep, iters, bar, first=True) is not None
 
 
@@ -374,8 +378,7 @@ def compose_groups_dp(table: StageTable, restrictions: GroupRestrictions | None 
     """
     t0 = perf_counter()
     prep = _prepare(table, restrictions, overlap)
-    iters = np.unique(np.concatenate([o.iteration[np.isfinite(o.latency)]
-                                      for o in table.options.values()] + [np.array([])]))
+    iters = _iteration_values(table)
     if not iters.size:
         found = None
     elif prep.depth > SHALLOW_DEPTH and not np.isfinite(incumbent):

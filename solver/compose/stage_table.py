@@ -25,7 +25,7 @@ boundary activations and gradients over its own NIC.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -194,6 +194,11 @@ class GroupRestrictions:
         """Whether a plan of ``depth`` stages is allowed (``max_stages`` and ``depths``)."""
         return (self.max_stages is None or depth <= self.max_stages) and \
             (self.depths is None or depth in self.depths)
+
+    def among(self, names: set[str]) -> "GroupRestrictions":
+        """These restrictions for a table of the islands ``names`` (bans of others dropped)."""
+        return replace(self, banned_links=frozenset(p for p in self.banned_links
+                                                    if p[0] in names and p[1] in names))
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The floor stage table: proving an ``(n_micro, view)`` cannot beat a bar before pricing it.
 
 Pricing a stage table (every slice length on every group size and position through the
-parallelizer) is most of what a search costs, and a search asked to beat a bar (a later
-``n_micro`` against the best plan so far, a replica against its budget) usually finds nothing.
+parallelizer) is most of what a search costs, and a replica asked to beat its budget
+(:func:`~solver.planner.search.plan_job` with ``upper``) usually finds nothing.
 The floor table has the real table's structure — the same islands, group sizes, slice lengths
 the rules allow, links, banned boundaries and depth limits — and one option per entry, priced
 from :func:`~solver.planner.floors.kernel_floor` instead of the parallelizer:
@@ -24,7 +24,6 @@ table does: the cut is provably safe.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import numpy as np
 
@@ -97,10 +96,8 @@ def floor_cuts(run: PlanningRun, spec: TableSpec, restrictions: GroupRestriction
     table = floor_table(run, spec, rate)
     if table is None:
         return True  # nothing is allowed, so nothing beats the bar
-    names = set(table.names())
-    restr = replace(restrictions, banned_links=frozenset(
-        p for p in restrictions.banned_links if p[0] in names and p[1] in names))
     try:
-        return not beats(table, restr, run.job.planner.overlap, bar)
+        return not beats(table, restrictions.among(set(table.names())), run.job.planner.overlap,
+                         bar)
     except TooLargeError:
         return False

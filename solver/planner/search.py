@@ -328,11 +328,8 @@ def compose(run: PlanningRun, spec: TableSpec, bans: frozenset,
     cand = build_stage_table(run.cache, spec, rate, names, run.features)
     if cand is None:
         return None
-    kept = set(cand.table.names())
-    restr = replace(restr, banned_links=frozenset(p for p in restr.banned_links
-                                                  if p[0] in kept and p[1] in kept))
     job = run.job
-    result = solve_stage_table(cand.table, restr, run.config.solver or job.planner.solver,
+    result = solve_stage_table(cand.table, restr.among(set(cand.table.names())), run.config.solver or job.planner.solver,
                                job.planner.overlap,
                                run.config.time_limit_s or job.planner.time_limit_s, incumbent,
                                live)

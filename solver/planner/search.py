@@ -329,8 +329,8 @@ def compose(run: PlanningRun, spec: TableSpec, bans: frozenset,
     if cand is None:
         return None
     job = run.job
-    result = solve_stage_table(cand.table, restr.among(set(cand.table.names())), run.config.solver or job.planner.solver,
-                               job.planner.overlap,
+    result = solve_stage_table(cand.table, restr.among(set(cand.table.names())),
+                               run.config.solver or job.planner.solver, job.planner.overlap,
                                run.config.time_limit_s or job.planner.time_limit_s, incumbent,
                                live)
     if not result.feasible and result.status != "dominated":

@@ -144,6 +144,9 @@ class GroupCache:
     groups : dict[tuple[str, int], Island]
         (island, group nodes) → the group (:meth:`group`), built once: building one walks
         the island's nodes.
+    sized : dict[tuple[str, FeatureSet], tuple[int, ...]]
+        (island, features) → the group sizes that admit a layout (:meth:`sizes`), found once:
+        the views' floors and the searches both ask for them.
     """
 
     model: ModelSpec
@@ -156,6 +159,7 @@ class GroupCache:
     entries: dict[EntryKey, tuple[PartialPlan, ...]] = field(default_factory=dict)
     signatures: dict[tuple[str, int], tuple] = field(default_factory=dict)
     groups: dict[tuple[str, int], Island] = field(default_factory=dict)
+    sized: dict[tuple[str, FeatureSet], tuple[int, ...]] = field(default_factory=dict)
 
     def group(self, island: str, nodes: int) -> Island:
         """``nodes`` nodes of island ``island`` at its effective figures (built once)."""
@@ -165,9 +169,14 @@ class GroupCache:
         return got
 
     def sizes(self, island: str, features: FeatureSet) -> tuple[int, ...]:
-        """:func:`group_sizes` of island ``island`` under this cache's context, on its groups."""
-        return group_sizes(self.model, self.islands[island], self.context, features,
-                           lambda g: self.group(island, g))
+        """:func:`group_sizes` of island ``island`` under this cache's context, on its groups
+        (found once per island and feature set)."""
+        got = self.sized.get((island, features))
+        if got is None:
+            got = self.sized[(island, features)] = group_sizes(
+                self.model, self.islands[island], self.context, features,
+                lambda g: self.group(island, g))
+        return got
 
     def _sig(self, island: str, nodes: int) -> tuple:
         got = self.signatures.get((island, nodes))

@@ -8,9 +8,12 @@ the rules allow, links, banned boundaries and depth limits — and one option pe
 from :func:`~solver.planner.floors.kernel_floor` instead of the parallelizer:
 
 * latency ``(d · c_g + [the stage holds the LM head] · h_g) / n`` for ``d`` layers on a group
-  ``g`` whose layer and head floors per iteration are ``c_g`` and ``h_g``; every option the
-  parallelizer prices for that entry takes at least as long
-  (``tests/planner/test_floor_table.py`` checks this premise on the cost model);
+  ``g`` whose layer and head floors per iteration are ``c_g`` and ``h_g``, the layer's GEMMs
+  at the least time any of the group's layouts at the run's micro-batch gives them (a
+  micro-batch of few sequences forces tensor parallelism on a large group, which narrows its
+  GEMMs, and caps the rows of each); every option the parallelizer prices for that entry
+  takes at least as long (``tests/planner/test_floor_table.py`` checks this premise on the
+  cost model);
 * per-iteration time 0 and unlimited micro-batches in flight (every real option costs
   ``v >= 0`` and holds at most what fits).
 
@@ -32,12 +35,15 @@ from solver.compose.result import TooLargeError
 from solver.compose.stage_table import (UNLIMITED, GroupRestrictions, IslandSlots, Options,
                                         StageTable)
 from solver.compose.table import Position
+from solver.cost.configs import _layouts
 from solver.cost.parallelizer import kernel_calibration
+from solver.cost.stage import ModelSlice
 from solver.planner.candidates import TableSpec
 from solver.planner.floors import kernel_floor
 from solver.planner.runs import PlanningRun
+from solver.spec.domain import Island
 
-__all__ = ["floor_table", "floor_cuts"]
+__all__ = ["gemm_shapes", "floor_table", "floor_cuts"]
 
 
 def _entry(lengths: list[int], layer: float, head: float, n: int,
@@ -48,6 +54,18 @@ def _entry(lengths: list[int], layer: float, head: float, n: int,
     d = np.asarray(lengths)
     lat[d, 0] = (d * layer + head) / n
     return Options(lat, free[0], free[1])
+
+
+def gemm_shapes(run: PlanningRun, group: Island) -> tuple[np.ndarray, np.ndarray]:
+    """GEMM rows (a rank's tokens per micro-batch, ``b s / cp``) and tensor-parallel degree
+    of every layout a stage on ``group`` may use at the run's micro-batch: every layout the
+    parallelizer enumerates there (stages never pipeline inside, and the framework's and the
+    user's limits only remove layouts)."""
+    ctx = run.cache.context
+    layouts = np.array(_layouts(ModelSlice(run.job.model, 1), group, ctx, run.features),
+                       dtype=float).reshape(-1, 5)
+    tp, cp, dp = layouts[:, 0], layouts[:, 1], layouts[:, 3]
+    return (ctx.micro_batch // dp) * ctx.seq_len / cp, tp
 
 
 def floor_table(run: PlanningRun, spec: TableSpec,
@@ -68,7 +86,8 @@ def floor_table(run: PlanningRun, spec: TableSpec,
             run.cache.sizes(name, run.features)
         used = []
         for g in sizes:
-            layer, head = kernel_floor(job, run.cache.group(name, g), g, calib)
+            group = run.cache.group(name, g)
+            layer, head = kernel_floor(job, group, g, calib, gemm_shapes(run, group))
             for pos in Position:
                 lengths = spec.lengths(name, g, pos, layers)
                 if lengths:

@@ -27,7 +27,10 @@ pipeline's fill, the optimizer step) only adds time. The rates:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
+
+import numpy as np
 
 from solver.cost.calibration import BOUNDS
 from solver.cost.efficiency import Calibration, GemmKernel
@@ -35,36 +38,46 @@ from solver.cost.stage_costs import attention_flops_per_token, model_flops_per_t
 from solver.planner.pruning import precision_speedup
 from solver.spec.domain import Island, JobSpec, ModelSpec, Precision
 
-__all__ = ["kernel_floor", "compute_floor", "pipeline_floor"]
+__all__ = ["kernel_floor", "compute_floor", "usable_nodes", "pipeline_floor"]
 
 _UNBOUNDED_ROWS = 1e15  # a GEMM's token rows, above any micro-batch
 
 
 def _dense_gemm_seconds(model: ModelSpec, island: Island, rate: float, ceiling: float,
-                        calib: Calibration) -> float:
+                        calib: Calibration, shapes: tuple[np.ndarray, np.ndarray] | None = None
+                        ) -> float:
     """GPU-seconds per token of one dense layer's GEMMs, forward and backward, each at the
     cost model's efficiency of its widest shape (QKV, output, MLP up and down projections);
-    the fixed cost per kernel is left out (it only adds time)."""
+    the fixed cost per kernel is left out (it only adds time).
+
+    ``shapes``: the layouts a stage may use, as arrays of GEMM rows (a rank's tokens per
+    micro-batch) and tensor-parallel degrees; the layer then costs at least the least of
+    them at their own shapes (tensor parallelism narrows the QKV and MLP-up columns and the
+    output and MLP-down inner dimension). None: rows without limit, no tensor parallelism."""
     h, q, kv = model.hidden, model.heads * model.d_head, model.kv_heads * model.d_head
     up = 2 if model.gated_mlp else 1
+    rows, tp = (np.array([_UNBOUNDED_ROWS]), np.ones(1)) if shapes is None else shapes
     # The curve at the floor's ceiling (the largest of the island's, at any precision).
     curve = dataclasses.replace(GemmKernel.of(island, Precision.BF16, calib), ceiling=ceiling)
 
-    def one(flops: float, cols: float, inner: float) -> float:
-        eff = float(curve.efficiency(_UNBOUNDED_ROWS, cols, inner))
-        return flops / (rate / ceiling * eff)
+    def one(flops: float, cols: np.ndarray, inner: np.ndarray) -> np.ndarray:
+        return flops / (rate / ceiling * curve.efficiency(rows, cols, inner))
 
-    return 3.0 * (one(2 * h * (q + 2 * kv), q + 2 * kv, h) + one(2 * q * h, h, q)
-                  + one(2 * h * up * model.ffn, up * model.ffn, h)
-                  + one(2 * model.ffn * h, h, model.ffn))
+    total = 3.0 * (one(2 * h * (q + 2 * kv), (q + 2 * kv) / tp, h) + one(2 * q * h, h, q / tp)
+                   + one(2 * h * up * model.ffn, up * model.ffn / tp, h)
+                   + one(2 * model.ffn * h, h, model.ffn / tp))
+    return float(total.min()) if total.size else math.inf  # no layout: no stage
 
 
 def kernel_floor(job: JobSpec, island: Island, nodes: int,
-                 calib: Calibration | None = None) -> tuple[float, float]:
+                 calib: Calibration | None = None,
+                 shapes: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[float, float]:
     """Seconds per iteration of one Transformer layer and of the LM head on ``nodes`` nodes of
     ``island`` at the module's rates (``calib``: the parallelizer's calibration, for the
-    size-dependent GEMM efficiency and the memory-bound operators; None: ceilings only).
-    Provably safe for the analytic cost model."""
+    size-dependent GEMM efficiency and the memory-bound operators; None: ceilings only;
+    ``shapes``: the GEMM rows and tensor-parallel degrees of the layouts a stage may use,
+    :func:`_dense_gemm_seconds`; dense models only). Provably safe for the analytic cost
+    model."""
     prec, gpus, m = job.training.precision, island.gpu_types, job.model
     sixteen = island.tflops_per_gpu * 1e12
     ceiling = max(max(g.gemm_ceiling(prec), g.gemm_eff) for g in gpus)
@@ -77,7 +90,8 @@ def kernel_floor(job: JobSpec, island: Island, nodes: int,
     layer = gemm / gemm_rate + attention / attention_rate
     if calib is not None:
         if not m.is_moe:  # routed experts: their shapes vary with the routing, ceiling only
-            layer += _dense_gemm_seconds(m, island, gemm_rate, ceiling, calib) - gemm / gemm_rate
+            layer += _dense_gemm_seconds(m, island, gemm_rate, ceiling, calib, shapes) \
+                - gemm / gemm_rate
         layer += 3.0 * calib.elementwise_bytes * m.hidden / (island.hbm_bw_gbs * 1e9 *
                                                              calib.hbm_eff)
     per_gpu = job.training.tokens / (nodes * island.gpus_per_node)
@@ -92,22 +106,45 @@ def compute_floor(job: JobSpec, island: Island, nodes: int,
     return job.model.layers * layer + head
 
 
+def usable_nodes(nodes: int, sizes: Sequence[int]) -> int:
+    """The most of ``nodes`` nodes that disjoint groups of the given ``sizes`` (each size any
+    number of times) can cover: an unbounded subset sum, on the bits of one integer (bit ``t``
+    set: some groups cover exactly ``t`` nodes), ``O(len(sizes) · log nodes)`` shifts."""
+    mask, reach = (1 << (nodes + 1)) - 1, 1
+    for s in sorted({s for s in sizes if 0 < s <= nodes}):
+        shift = s
+        while shift <= nodes:  # after shifts s, 2s, 4s, ...: every count of s groups up to here
+            reach |= (reach << shift) & mask
+            shift *= 2
+    return reach.bit_length() - 1
+
+
 def pipeline_floor(job: JobSpec, islands: Sequence[Island], n: int,
-                   calib: Calibration | None = None) -> float:
+                   calib: Calibration | None = None,
+                   usable: Sequence[int] | None = None) -> float:
     """Seconds per iteration no plain 1F1B pipeline of ``n`` micro-batches over groups of
     ``islands`` beats (provably safe).
 
-    With ``c_i`` and ``h_i`` one layer's and the LM head's seconds per iteration on all of
-    island ``i`` (:func:`kernel_floor`), ``L`` layers and stage latencies ``τ``: a stage of
-    ``x`` layers on a fraction ``f`` of island ``i``'s nodes needs ``n τ >= (x c_i + h_i [it
-    holds the head]) / f``, and the groups are disjoint (``Σ f <= 1`` per island), so summing
-    ``x <= (n τ f − h_i [head]) / c_i`` over the stages gives ``n max τ >= (L + min_i h_i /
-    c_i) / Σ_i 1/c_i`` (the layers and the head share the GPUs); every stage lies in one
-    island, so ``n Σ τ >= L min c + min h``. Hence ``T >= (n − 1) · max τ + Σ τ`` is at least
+    ``islands[i]`` is the largest group a stage may have on island ``i`` (the whole island
+    when any fraction of it may be a group) and ``usable[i]`` the most nodes of island ``i``
+    its stages' groups can cover together (:func:`usable_nodes` of the group sizes a layout
+    admits; default: the group's node count). All groups of an island have the same per-GPU
+    figures (a group is the island's effective node repeated), so a layer costs
+    ``c_i · G_i / g`` on a group of ``g`` nodes, ``c_i`` and ``h_i`` being one layer's and the
+    LM head's seconds per iteration on the largest group of ``G_i`` nodes (:func:`kernel_floor`).
+
+    With ``L`` layers and stage latencies ``τ``: a stage of ``x`` layers on ``g`` nodes of
+    island ``i`` needs ``n τ >= (x c_i + h_i [it holds the head]) · G_i / g``, and the groups
+    are disjoint (``Σ g <= U_i`` per island), so summing ``x <= (n τ g / G_i − h_i [head]) /
+    c_i`` over the stages gives ``n max τ >= (L + min_i h_i / c_i) / Σ_i U_i / (G_i c_i)`` (the
+    layers and the head share the GPUs); every stage lies on one group of at most ``G_i``
+    nodes, so ``n Σ τ >= L min c + min h``. Hence ``T >= (n − 1) · max τ + Σ τ`` is at least
     their sum. Boundary transfers and the per-iteration terms only add to it.
     """
     parts = [kernel_floor(job, i, len(i.nodes), calib) for i in islands]
+    share = [1.0] * len(parts) if usable is None else \
+        [u / len(i.nodes) for u, i in zip(usable, islands)]
     layers = job.model.layers
-    spread = (layers + min(h / c for c, h in parts)) / sum(1.0 / c for c, _ in parts)
+    spread = (layers + min(h / c for c, h in parts)) / sum(f / c for (c, _), f in zip(parts, share))
     alone = layers * min(c for c, _ in parts) + min(h for _, h in parts)
     return ((n - 1) * spread + alone) / n

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from solver.cost.parallelizer import AnalyticParallelizer
 from solver.cost.stage import ModelSlice
 from solver.islands import group_island
-from solver.planner.floors import compute_floor, kernel_floor
+from solver.planner.floors import compute_floor, kernel_floor, pipeline_floor, usable_nodes
 from solver.planner.interleaved import _context
 from solver.planner.plan import interleaved_cycle_time
 from solver.planner.runs import cluster_islands
@@ -22,7 +22,7 @@ from solver.spec.domain import Precision
 from solver.spec.loaders import load_job
 
 JOBS = ["seed-llama3-70b", "odd-3h100-5a100-llama2-13b", "mixtral-a100-h100",
-        "v100-a100-llama2-13b"]
+        "v100-a100-llama2-13b", "odd-7h100-16a100-llama3-70b"]
 
 
 @pytest.mark.parametrize("n", [1, 2, 8])
@@ -44,8 +44,13 @@ def test_the_floor_of_one_island_is_its_compute_floor_and_more_gpus_lower_it():
     by_islands, whole = views(job, PlannerConfig(), n, par)
     calib = par.calibration  # the views' floors use their parallelizer's
     (one,) = whole.islands.islands
-    # One island: the fill and drain cost nothing extra, T >= n · w / C = W / C.
-    assert view_floor(whole) == pytest.approx(compute_floor(job, one, len(one.nodes), calib))
+    # One island of 24 nodes whose groups (2, 4, 8 or 16 nodes, at the weakest node's figures)
+    # cover them all: n − 1 micro-batches' work W / n spread over all 24 (floor F_24 per
+    # iteration), one micro-batch on the largest group (F_16), T >= ((n − 1) F_24 + F_16) / n.
+    sizes = whole.cache.sizes(one.name, whole.features)
+    assert sizes == (2, 4, 8, 16) and usable_nodes(len(one.nodes), sizes) == len(one.nodes) == 24
+    f24, f16 = (compute_floor(job, whole.cache.group(one.name, g), g, calib) for g in (24, 16))
+    assert view_floor(whole) == pytest.approx(((n - 1) * f24 + f16) / n)
     # Two islands, c_k and h_k a layer's and the head's seconds on each: (n − 1) micro-batches
     # of the layers and the head spread over both (the head in layers of the island where it
     # costs fewest), one of the layers on the faster island and the head where it is cheapest;
@@ -59,6 +64,33 @@ def test_the_floor_of_one_island_is_its_compute_floor_and_more_gpus_lower_it():
     expect = ((n - 1) * spread + layers * min(c1, c2) + min(h1, h2)) / n
     assert view_floor(by_islands) == pytest.approx(expect)
     assert 1 / sum(caps) < view_floor(by_islands) < min(floors)
+
+
+def test_groups_that_cannot_cover_an_island_raise_its_floor():
+    """The whole-cluster view of 7 H100 + 16 A100 nodes at n = 64 (micro-batch 8): groups of
+    2, 4 and 8 nodes admit a layout, so at most 22 of the 23 nodes work. With ``F`` the compute
+    floor of the largest group (8 nodes) the view's floor is ``((n − 1) · F · 8/22 + F) / n``:
+    the n − 1 micro-batches spread over 22 nodes, one on the largest group."""
+    job = load_job(INSTANCES / "jobs" / "odd-7h100-16a100-llama3-70b.toml")
+    n, par = 64, AnalyticParallelizer(job.planner.features)
+    _, whole = views(job, PlannerConfig(), n, par)
+    (one,) = whole.islands.islands
+    assert len(one.nodes) == 23 and whole.cache.sizes(one.name, whole.features) == (2, 4, 8)
+    floor = compute_floor(job, whole.cache.group(one.name, 8), 8, par.calibration)
+    assert view_floor(whole) == pytest.approx(((n - 1) * floor * 8 / 22 + floor) / n)
+    # All 23 nodes at the same rates would give a lower floor: the packing is what raised it.
+    assert view_floor(whole) > pipeline_floor(job, [whole.cache.group(one.name, 23)], n,
+                                              par.calibration)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 60), st.lists(st.integers(1, 70), max_size=4))
+def test_usable_nodes_is_the_largest_subset_sum(nodes, sizes):
+    """Against a brute force: the most nodes disjoint groups of the sizes cover."""
+    reach = {0}
+    for _ in range(nodes):
+        reach |= {r + s for r in reach for s in sizes if r + s <= nodes}
+    assert usable_nodes(nodes, sizes) == max(reach)
 
 
 LONG_CONTEXT = """

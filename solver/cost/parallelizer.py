@@ -27,7 +27,7 @@ from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
 from solver.cost.partial import MemoryBreakdown, PartialPlan, PlanContext, SliceBatch, partial_plans
 from solver.cost.stage import ModelSlice, StageConfig
 from solver.cost.stage_costs import PipelineSetting, stage_costs, substage_latencies
-from solver.cost.stage_options import StageOptions, plan_stages
+from solver.cost.stage_options import StageOptions, plan_stages, stage_candidates
 from solver.spec.domain import FeaturePreset, Island, ModelSpec, Schedule
 
 __all__ = ["AnalyticParallelizer", "FeatureSet", "MemoryBreakdown", "Parallelizer", "PartialPlan",
@@ -173,6 +173,13 @@ class AnalyticParallelizer:
                     has_head: bool, island: Island, context: PlanContext) -> list[StageOptions]:
         """Options of one pipeline stage for every length (:func:`solver.cost.stage_options.plan_stages`)."""
         return plan_stages(self, model, lengths, has_embedding, has_head, island, context)
+
+    def stage_candidates(self, model: ModelSpec, lengths: list[int], has_embedding: bool,
+                         has_head: bool, island: Island, context: PlanContext
+                         ) -> list[StageOptions]:
+        """Options of one pipeline stage for every length at every micro-batch count up to
+        ``context.n_micro`` (:func:`solver.cost.stage_options.stage_candidates`)."""
+        return stage_candidates(self, model, lengths, has_embedding, has_head, island, context)
 
 
 def pipeline_time(plan: PartialPlan, n_micro: int, schedule: Schedule = Schedule.ONE_F_ONE_B,

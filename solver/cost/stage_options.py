@@ -21,7 +21,7 @@ from solver.cost.configs import FeatureSet, _zero_allowed, enumerate_configs
 from solver.cost.partial import PartialPlan, PlanContext, SliceBatch, partial_plans
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, StageCosts, in_flight_capacity, stage_costs
-from solver.spec.domain import Island, ModelSpec
+from solver.spec.domain import Island, ModelSpec, Schedule
 
 
 @dataclass(frozen=True)
@@ -32,21 +32,22 @@ class _Batch:
     costs: StageCosts
     capacity: np.ndarray
 
-    def plan(self, row: int) -> PartialPlan:
+    def plan(self, row: int, capacity: int) -> PartialPlan:
         index = np.array([row])
         return partial_plans(self.cfg, self.costs, index, [(float(self.costs.latency_s[row]),)],
-                      [int(self.capacity[row])])[0]
+                             [capacity])[0]
 
 
 class StageOptions(Sequence):
     """The options of one slice length: arrays ``latency``, ``iteration``, ``capacity`` and,
     by index, the partial plans (built on first access)."""
 
-    def __init__(self, batch: _Batch, rows: np.ndarray) -> None:
+    def __init__(self, batch: _Batch, rows: np.ndarray,
+                 capacity: np.ndarray | None = None) -> None:
         self._batch, self._rows = batch, rows
         self.latency = batch.costs.latency_s[rows]
         self.iteration = batch.costs.iteration_s[rows]
-        self.capacity = batch.capacity[rows]
+        self.capacity = batch.capacity[rows] if capacity is None else capacity
 
     def __len__(self) -> int:
         return int(self._rows.size)
@@ -54,7 +55,19 @@ class StageOptions(Sequence):
     def __getitem__(self, i):  # noqa: D105 - Sequence protocol
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return self._batch.plan(int(self._rows[i]))
+        row = int(self._rows[i])  # IndexError past the end, as a Sequence's iteration needs
+        return self._batch.plan(row, int(self.capacity[i]))
+
+    def capped(self, n_micro: int) -> "StageOptions":
+        """The options of this length at ``n_micro`` micro-batches, from the candidates of a
+        larger count (:func:`stage_candidates`): capacities capped at ``n_micro``, then the
+        Pareto set (identical options: the first configuration survives)."""
+        if self._batch is None:
+            return self
+        cap = np.minimum(self.capacity, n_micro)
+        keep = pareto_capacity_mask(np.zeros(cap.size, dtype=np.int64), self.latency,
+                                    self.iteration, cap)
+        return StageOptions(self._batch, self._rows[keep], cap[keep])
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, StageOptions):
@@ -72,6 +85,32 @@ def plan_stages(parallelizer, model: ModelSpec, lengths: list[int], has_embeddin
     """Per length, the Pareto options of a stage on all of ``island`` (``parallelizer``'s
     features and calibration), each with its ``max_in_flight`` (capped at ``n_micro``); memory
     is reported at one micro-batch in flight."""
+    return [o.capped(context.n_micro) for o in stage_candidates(
+        parallelizer, model, lengths, has_embedding, has_head, island, context)]
+
+
+def shares_across_n(context: PlanContext) -> bool:
+    """Whether a stage's options at ``context`` depend on ``n_micro`` only through the cap on
+    their capacities, so that :func:`stage_candidates` at a larger count serve it: a stage
+    without internal pipelining holds one micro-batch per in-flight slot under 1F1B (GPipe
+    holds all ``n_micro``; the interleaved schedule's chunks and Megatron's rule on it depend
+    on ``n_micro``)."""
+    return context.schedule is Schedule.ONE_F_ONE_B or (
+        context.schedule is not Schedule.GPIPE and context.virtual_stages == 1)
+
+
+def stage_candidates(parallelizer, model: ModelSpec, lengths: list[int], has_embedding: bool,
+                     has_head: bool, island: Island, context: PlanContext
+                     ) -> list[StageOptions]:
+    """Per length, every option that is Pareto-optimal at some micro-batch count up to
+    ``context.n_micro``, with its capacity capped at ``context.n_micro``; ordered by latency
+    (ties: configuration order). :meth:`StageOptions.capped` then gives the options at any
+    smaller count where :func:`shares_across_n` holds.
+
+    An option is dropped only when another one has no larger latency, per-iteration time and
+    capacity and comes before it (lower latency, else lower per-iteration time, else earlier
+    configuration): capping both capacities keeps it beaten at every count, and every option
+    Pareto-optimal at a count survives (:func:`candidate_mask`)."""
     ctx = PlanContext(**{**context.__dict__, "in_flight": 1, "max_pp": 1})
     feats = FeatureSet.of(parallelizer.features).meet(FeatureSet.of(ctx.features))
     base = enumerate_configs(ModelSlice(model, max(lengths), has_embedding, has_head), island,
@@ -96,8 +135,8 @@ def plan_stages(parallelizer, model: ModelSpec, lengths: list[int], has_embeddin
     cap = in_flight_capacity(batch, island, ctx.seq_len, cfg, costs, ctx.n_micro, ctx.epsilon,
                              parallelizer.calibration, ctx.runtime)
     idx = np.flatnonzero(cap > 0)
-    keep = pareto_capacity_mask(length_index[idx], costs.latency_s[idx], costs.iteration_s[idx],
-                                cap[idx])
+    keep = candidate_mask(length_index[idx], costs.latency_s[idx], costs.iteration_s[idx],
+                          cap[idx])
     chosen = idx[keep]
     chosen = chosen[np.lexsort((costs.latency_s[chosen], length_index[chosen]))]
     owner = length_index[chosen]
@@ -125,6 +164,20 @@ def pareto_capacity_mask(groups: np.ndarray, latency: np.ndarray, iteration: np.
     larger iteration time and no smaller capacity (capacities are small integers).
     """
     order = np.lexsort((-capacity, iteration, latency, groups))
+    dominated = _dominated(groups[order], iteration[order], capacity[order].astype(np.int64))
+    keep = np.zeros(order.size, dtype=bool)
+    keep[order[~dominated]] = True
+    return keep
+
+
+def candidate_mask(groups: np.ndarray, latency: np.ndarray, iteration: np.ndarray,
+                   capacity: np.ndarray) -> np.ndarray:
+    """Members no earlier member of their group beats at every capacity cap: rows sorted by
+    (group, latency, iteration, position) are dropped when an earlier row has no larger
+    iteration time and no smaller capacity. Unlike :func:`pareto_capacity_mask`, a larger
+    capacity does not put a row first among equals: capped, the two may tie, and then the
+    earlier configuration is the one the Pareto set keeps."""
+    order = np.lexsort((iteration, latency, groups))
     dominated = _dominated(groups[order], iteration[order], capacity[order].astype(np.int64))
     keep = np.zeros(order.size, dtype=bool)
     keep[order[~dominated]] = True

@@ -45,9 +45,13 @@ from solver.cost.parallelizer import (
     prices_interleaving_above_plain,
 )
 from solver.cost.stage import ModelSlice, StageConfig
+from solver.cost.stage_options import shares_across_n
 from solver.spec.domain import Island, ModelSpec, Recompute
 from solver.spec.fields import write_atomic
 
+#: Capacities the memo keeps per stage option: options of every ``n_micro`` up to this many are
+#: derived from one evaluation (the most ``n_micro`` the planner searches, MAX_AUTO_MICRO).
+SHARED_MICRO = 128
 #: Version of the entry format and of the key's meaning; bump when either changes.
 CACHE_FORMAT = 2
 #: Version of the cost model's semantics, bumped by hand when results change for the same inputs
@@ -385,12 +389,41 @@ class MemoParallelizer:
     def plan_stages(self, model: ModelSpec, lengths: list[int], has_embedding: bool,
                     has_head: bool, island: Island, context: PlanContext) -> list:
         """The inner options per length (:func:`~solver.planner.candidates.stage_options`),
-        remembered per call."""
+        remembered per call; or, where the options depend on ``n_micro`` only through their
+        capacities' cap (:func:`~solver.cost.stage_options.shares_across_n`), remembered per
+        length for every ``n_micro`` up to :data:`SHARED_MICRO` at once
+        (:meth:`_candidates`): the replica search asks for one island at one micro-batch
+        size under many shares and ``n_micro``."""
+        candidates = getattr(self.inner, "stage_candidates", None)
+        if candidates is not None and context.n_micro <= SHARED_MICRO and \
+                shares_across_n(context):
+            return [o.capped(context.n_micro) for o in self._candidates(
+                candidates, model, lengths, has_embedding, has_head, island, context)]
         from solver.planner.candidates import stage_options
         return self._recall(("stages", tuple(lengths), has_embedding, has_head,
                              self._island(island), context),
                             lambda: stage_options(self.inner, model, lengths, has_embedding,
                                                   has_head, island, context))
+
+    def _candidates(self, candidates, model: ModelSpec, lengths: list[int], has_embedding: bool,
+                    has_head: bool, island: Island, context: PlanContext) -> list:
+        """The inner candidates of every length at :data:`SHARED_MICRO` micro-batches (the
+        context's in-flight count and internal depth are the stage's own, 1), the missing
+        lengths in one call."""
+        shared = dataclasses.replace(context, n_micro=SHARED_MICRO, in_flight=1, max_pp=1)
+        base = ("candidates", has_embedding, has_head, self._island(island), shared)
+        got = {d: self._seen.get(base + (d,)) for d in lengths}
+        todo = [d for d, o in got.items() if o is None]
+        if todo:
+            self.inner_calls += 1
+            for d, o in zip(todo, candidates(model, todo, has_embedding, has_head, island,
+                                             shared)):
+                got[d] = self._seen[base + (d,)] = o
+            while len(self._seen) > self.max_entries:
+                del self._seen[next(iter(self._seen))]  # the oldest answer
+        else:
+            self.hits += 1
+        return [got[d] for d in lengths]
 
     @property
     def interleaving_priced_above_plain(self) -> bool:

@@ -32,6 +32,7 @@ from solver.spec.domain import FeaturePreset, Island, ModelSpec, Schedule
 
 __all__ = ["AnalyticParallelizer", "FeatureSet", "MemoryBreakdown", "Parallelizer", "PartialPlan",
            "PlanContext", "StageConfig", "best_plan", "framework_features", "kernel_calibration",
+           "stage_calibration",
            "pipeline_time", "prices_interleaving_above_plain"]
 
 
@@ -60,6 +61,16 @@ def kernel_calibration(parallelizer: Parallelizer) -> Calibration | None:
     (:func:`~solver.planner.floors.kernel_floor`). Wrappers forward their inner's; a
     parallelizer that says nothing gets None, and floors from the catalog's ceilings only."""
     return getattr(parallelizer, "kernel_calibration", None)
+
+
+def stage_calibration(parallelizer: Parallelizer) -> Calibration | None:
+    """The calibration under which :func:`~solver.cost.stage_costs.stage_costs` prices every
+    stage option ``parallelizer`` returns (attribute ``stage_calibration``: the analytic
+    model's own), so that a stage's latency is at least its layers' least latency
+    (:func:`~solver.cost.stage_costs.least_latencies`, the floor stage table's premise).
+    Wrappers forward their inner's; a parallelizer that says nothing gets None, and the
+    floor stage table prices kernels only (:func:`kernel_calibration`)."""
+    return getattr(parallelizer, "stage_calibration", None)
 
 
 def pareto_mask(groups: np.ndarray, objectives: np.ndarray) -> np.ndarray:
@@ -105,6 +116,12 @@ class AnalyticParallelizer:
     def kernel_calibration(self) -> Calibration:
         """Its own calibration: every GEMM, attention core and memory-bound operator is priced
         by it (:func:`kernel_calibration`)."""
+        return self.calibration
+
+    @property
+    def stage_calibration(self) -> Calibration:
+        """Its own calibration: its stage options are :func:`stage_costs`' under it
+        (:func:`stage_calibration`)."""
         return self.calibration
 
     def plan(self, slice: ModelSlice, island: Island, context: PlanContext) -> list[PartialPlan]:

@@ -37,6 +37,7 @@ compute of the same pass (separate copy engines); only the excess is exposed.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -339,6 +340,26 @@ def _combine(reps: list[tuple[SubStageCosts, np.ndarray]]) -> StageCosts:
     host = _pick(reps, lambda r: r.memory.host).memory.host
     return StageCosts(slow.fwd, slow.bwd, slow.latency, sync.dp_s, sync.optimizer_s, heavy.memory,
                       host)
+
+
+def least_latencies(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigArrays,
+                    calib: Calibration = DEFAULT_CALIBRATION,
+                    runtime: Runtime = Runtime()) -> tuple[float, float, float]:
+    """Least per-micro-batch seconds, forward and backward, of one layer, of the LM head and
+    of the input embedding over the configurations ``cfg`` (their recomputation set to none).
+
+    A stage without internal pipelining runs ``d`` layers, its embedding and head, in
+    :func:`substage_costs`'s ``fwd.total + bwd.total``: ``d`` times the layer's components
+    plus the embedding's and the head's, plus ZeRO, offload and point-to-point terms that are
+    never negative; recomputation only adds (compute, TP and EP traffic, a third CP ring). So
+    any configuration of these layouts takes at least ``d`` times the first value plus the
+    others it holds. ``inf`` each when ``cfg`` is empty."""
+    if len(cfg) == 0:
+        return math.inf, math.inf, math.inf
+    ti = _time_inputs(model, island, seq_len, calib, runtime)
+    plain = dataclasses.replace(cfg, recompute=np.zeros_like(np.asarray(cfg.recompute)))
+    return tuple(float(np.min(f.total + b.total)) for f, b in (
+        layer_times(ti, plain), head_times(ti, plain), embedding_times(ti, plain)))
 
 
 def in_flight_capacity(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays,

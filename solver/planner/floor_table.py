@@ -27,6 +27,7 @@ table does: the cut is provably safe.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -36,8 +37,9 @@ from solver.compose.stage_table import (UNLIMITED, GroupRestrictions, IslandSlot
                                         StageTable)
 from solver.compose.table import Position
 from solver.cost.configs import _layouts
-from solver.cost.parallelizer import kernel_calibration
-from solver.cost.stage import ModelSlice
+from solver.cost.parallelizer import kernel_calibration, stage_calibration
+from solver.cost.stage import ConfigArrays, ModelSlice
+from solver.cost.stage_costs import least_latencies
 from solver.planner.candidates import TableSpec
 from solver.planner.floors import kernel_floor
 from solver.planner.runs import PlanningRun
@@ -45,15 +47,55 @@ from solver.spec.domain import Island
 
 __all__ = ["gemm_shapes", "floor_table", "floor_cuts"]
 
+ROUNDING = 1e-9  # relative margin below the cost model's own sums
 
-def _entry(lengths: list[int], layer: float, head: float, n: int,
+
+def _entry(lengths: list[int], floors: list[tuple[float, float]],
            free: tuple[np.ndarray, np.ndarray]) -> Options:
-    """One option per allowed length at the floor latency; ``free``: the shared (read-only)
-    columns of no per-iteration time and no memory limit."""
+    """One option per allowed length at the floor latency, the largest of ``d · a + b`` over
+    the floors ``(a, b)`` (per layer, and for what else the stage holds); ``free``: the shared
+    (read-only) columns of no per-iteration time and no memory limit."""
     lat = np.full_like(free[0], np.inf)
     d = np.asarray(lengths)
-    lat[d, 0] = (d * layer + head) / n
+    lat[d, 0] = np.max([d * a + b for a, b in floors], axis=0)
     return Options(lat, free[0], free[1])
+
+
+def _group_floors(run: PlanningRun, group: Island, nodes: int
+                  ) -> tuple[tuple[float, float], tuple[float, ...] | None]:
+    """Per micro-batch on ``group``: the kernel floor of a layer and of the LM head, and the
+    cost model's least latencies of a layer, the head and the embedding over the group's
+    layouts (None where the parallelizer is not priced by the cost model). They depend on the
+    micro-batch, not on ``n_micro``: a parallelizer that remembers (the replica search's
+    memo) keeps them for every share and ``n_micro`` of that micro-batch."""
+    remember = getattr(run.cache.parallelizer, "remember", None)
+    if remember is None:
+        return _price_group_floors(run, group, nodes)
+    key = ("floors", replace(run.cache.context, n_micro=0), run.features)
+    return remember(key, group, lambda: _price_group_floors(run, group, nodes))
+
+
+def _price_group_floors(run: PlanningRun, group: Island, nodes: int
+                        ) -> tuple[tuple[float, float], tuple[float, ...] | None]:
+    """:func:`_group_floors`, computed."""
+    ctx, n, job = run.cache.context, run.n_micro, run.job
+    shapes = gemm_shapes(run, group)
+    layer, head = kernel_floor(job, group, nodes, kernel_calibration(run.cache.parallelizer),
+                               shapes)
+    calib = stage_calibration(run.cache.parallelizer)
+    if calib is None:
+        return (layer / n, head / n), None
+    layouts = np.array(_layouts(ModelSlice(job.model, 1), group, ctx, run.features),
+                       dtype=np.int64).reshape(-1, 5)
+    tp, cp, _, dp, ep = layouts.T
+    zeros = np.zeros_like(tp)
+    cfg = ConfigArrays(tp=tp, cp=cp, ep=ep, pp=np.ones_like(tp), dp=dp, zero=zeros,
+                       recompute=zeros, offload=zeros.astype(bool),
+                       micro_batch=ctx.micro_batch // np.maximum(dp, 1))
+    least = least_latencies(job.model, group, ctx.seq_len, cfg, calib, ctx.runtime)
+    # The stage sums the same terms in another order: a margin far above rounding keeps the
+    # floor below every option.
+    return (layer / n, head / n), tuple(x * (1 - ROUNDING) for x in least)
 
 
 def gemm_shapes(run: PlanningRun, group: Island) -> tuple[np.ndarray, np.ndarray]:
@@ -74,8 +116,7 @@ def floor_table(run: PlanningRun, spec: TableSpec,
 
     ``rate``: the link rates between the run's islands, in their order
     (:func:`~solver.planner.search.link_rates`)."""
-    job, layers, n = run.job, run.job.model.layers, run.n_micro
-    calib = kernel_calibration(run.cache.parallelizer)
+    layers, n = run.job.model.layers, run.n_micro
     slots: list[IslandSlots] = []
     options: dict[tuple[int, int, Position], Options] = {}
     kept: list[int] = []
@@ -86,14 +127,16 @@ def floor_table(run: PlanningRun, spec: TableSpec,
             run.cache.sizes(name, run.features)
         used = []
         for g in sizes:
-            group = run.cache.group(name, g)
-            layer, head = kernel_floor(job, group, g, calib, gemm_shapes(run, group))
+            (layer, head), least = _group_floors(run, run.cache.group(name, g), g)
             for pos in Position:
                 lengths = spec.lengths(name, g, pos, layers)
                 if lengths:
+                    first = pos in (Position.FIRST, Position.ONLY)
                     last = pos in (Position.LAST, Position.ONLY)
-                    options[(len(slots), g, pos)] = _entry(lengths, layer,
-                                                           head if last else 0.0, n, free)
+                    floors = [(layer, head * last)]
+                    if least is not None:
+                        floors.append((least[0], least[1] * last + least[2] * first))
+                    options[(len(slots), g, pos)] = _entry(lengths, floors, free)
                     used.append(g)
         if used:
             full = run.cache.islands[name]

@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from solver.cost.efficiency import Calibration, intra_node_gbs
 from solver.cost.parallelizer import (
@@ -43,6 +43,7 @@ from solver.cost.parallelizer import (
     PlanContext,
     kernel_calibration,
     prices_interleaving_above_plain,
+    stage_calibration,
 )
 from solver.cost.stage import ModelSlice, StageConfig
 from solver.cost.stage_options import shares_across_n
@@ -331,6 +332,11 @@ class CachingParallelizer:
         """The inner parallelizer's (the answers are its own)."""
         return kernel_calibration(self.inner)
 
+    @property
+    def stage_calibration(self) -> Calibration | None:
+        """The inner parallelizer's (the answers are its own)."""
+        return stage_calibration(self.inner)
+
     def cache_identity(self) -> str:
         """Caching does not change answers: identify as the inner parallelizer."""
         return self._identity
@@ -379,6 +385,12 @@ class MemoParallelizer:
     @staticmethod
     def _island(island: Island) -> tuple:
         return island.name, len(island.nodes), island.nodes[0].node_id, island.nodes[-1].node_id
+
+    def remember(self, key: tuple, island: Island, compute: Callable[[], Any]) -> Any:
+        """``compute()`` for ``key`` on ``island``, remembered like the answers: what the
+        search derives from one group at one context (its floors) and asks again under other
+        shares and ``n_micro``."""
+        return self._recall(key + (self._island(island),), compute)
 
     def plan(self, slice: ModelSlice, island: Island, context: PlanContext) -> list[PartialPlan]:
         """The inner parallelizer's answer, remembered."""
@@ -434,6 +446,11 @@ class MemoParallelizer:
     def kernel_calibration(self) -> Calibration | None:
         """The inner parallelizer's (the answers are its own)."""
         return kernel_calibration(self.inner)
+
+    @property
+    def stage_calibration(self) -> Calibration | None:
+        """The inner parallelizer's (the answers are its own)."""
+        return stage_calibration(self.inner)
 
     def cache_identity(self) -> str:
         """Remembering does not change answers: identify as the inner parallelizer."""

@@ -148,3 +148,41 @@ def test_replica_asks_plan_the_same_with_and_without_the_cut(monkeypatch, island
     if with_cut is not None:
         assert with_cut.iteration_time_s == without.iteration_time_s
         assert with_cut.stages == without.stages
+
+
+def _floor_latencies(run) -> dict:
+    table = floor_table(run, _spec(run), link_rates(run))
+    return {(table.islands[k].name, g, pos): o.latency for (k, g, pos), o in table.options.items()}
+
+
+def test_floors_remembered_per_micro_batch_are_the_floors_computed():
+    """Two replica jobs of one micro-batch (64 sequences at n = 4 and 128 at n = 8): the floor
+    tables built through the replica search's memo (the second from the first's floors) equal
+    those built without it."""
+    from solver.planner.plancache import MemoParallelizer
+    job = load_job(INSTANCES / "jobs" / "small-7b-512.toml")
+    islands = ("i0-H200-SXM-141GB", "i1-H100-SXM-80GB")
+    memo = MemoParallelizer(AnalyticParallelizer(job.planner.features))
+    for share, n in ((256, 4), (1024, 16)):
+        ask = replica_job(job, islands, share)
+        direct = views(ask, PlannerConfig(), n, AnalyticParallelizer(job.planner.features))[0]
+        through = views(ask, PlannerConfig(), n, memo)[0]
+        want, got = _floor_latencies(direct), _floor_latencies(through)
+        assert want.keys() == got.keys()
+        assert all(np.array_equal(want[k], got[k]) for k in want)
+    assert memo.hits > 0  # the second job's floors came from the first's
+
+
+def test_the_cost_model_raises_the_floor_above_the_kernels_alone(monkeypatch):
+    """With the parallelizer priced by the cost model, each entry's floor is the least
+    latency of its layouts (communication, kernel fixed costs, narrow GEMMs): above the
+    kernel floor, and the floor table's optimum rises with it."""
+    (run, _) = _runs("seed-llama3-70b", 8)
+    with_model = _floor_latencies(run)
+    value = _floor_value(run, _spec(run))
+    monkeypatch.setattr("solver.planner.floor_table.stage_calibration", lambda par: None)
+    kernels = _floor_latencies(run)
+    finite = [np.isfinite(kernels[k]) for k in kernels]
+    assert all(np.all(with_model[k][f] >= kernels[k][f]) for k, f in zip(kernels, finite))
+    assert any(np.any(with_model[k][f] > kernels[k][f] * 1.01) for k, f in zip(kernels, finite))
+    assert _floor_value(run, _spec(run)) < value

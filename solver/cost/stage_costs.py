@@ -362,6 +362,38 @@ def least_latencies(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigA
         layer_times(ti, plain), head_times(ti, plain), embedding_times(ti, plain)))
 
 
+def least_iterations(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigArrays,
+                     lengths: np.ndarray, has_embedding: bool, has_head: bool,
+                     calib: Calibration = DEFAULT_CALIBRATION,
+                     runtime: Runtime = Runtime()) -> np.ndarray:
+    """Per length, the least per-iteration seconds (exposed gradient sync and optimizer step)
+    of a stage without internal pipelining over the configurations ``cfg`` (their ZeRO stages
+    as given; recomputation and offload at any setting).
+
+    :func:`substage_costs` hides the sync behind the pass's compute (:func:`~solver.cost.sync.
+    hide`, non-increasing in that window), and recomputation only lengthens the backward
+    window, so each configuration is evaluated with full recomputation's backward window and
+    no recomputation's forward one: no setting of either exposes less. ``inf`` when ``cfg`` is
+    empty."""
+    lengths = np.asarray(lengths)
+    m = len(cfg)
+    if m == 0:
+        return np.full(lengths.shape, math.inf)
+    ti = _time_inputs(model, island, seq_len, calib, runtime)
+    c = cfg.take(np.tile(np.arange(m), lengths.size))
+    d = np.repeat(lengths, m).astype(float)
+    emb, head = np.asarray(has_embedding), np.asarray(has_head)
+    codes = np.asarray(c.recompute)
+    lf, _ = layer_times(ti, dataclasses.replace(c, recompute=np.zeros_like(codes)))
+    _, lb = layer_times(ti, dataclasses.replace(c, recompute=np.full_like(codes, 2)))
+    (ef, eb), (hf, hb) = embedding_times(ti, c), head_times(ti, c)
+    fwd = lf.scaled(d).plus(ef.scaled(emb)).plus(hf.scaled(head))
+    bwd = lb.scaled(d).plus(eb.scaled(emb)).plus(hb.scaled(head))
+    _, _, dp_s, optimizer = _zero_and_sync(ti, c, d, emb, head, fwd.compute,
+                                           bwd.compute + bwd.recompute)
+    return (dp_s + optimizer).reshape(lengths.size, m).min(axis=1)
+
+
 def in_flight_capacity(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays,
                        costs: StageCosts, n_micro: int, epsilon: float,
                        calib: Calibration = DEFAULT_CALIBRATION,

@@ -27,7 +27,7 @@ table does: the cut is provably safe.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -39,63 +39,130 @@ from solver.compose.table import Position
 from solver.cost.configs import _layouts
 from solver.cost.parallelizer import kernel_calibration, stage_calibration
 from solver.cost.stage import ConfigArrays, ModelSlice
-from solver.cost.stage_costs import least_latencies
+from solver.cost.stage_costs import least_iterations, least_latencies
 from solver.planner.candidates import TableSpec
 from solver.planner.floors import kernel_floor
 from solver.planner.runs import PlanningRun
 from solver.spec.domain import Island
 
-__all__ = ["gemm_shapes", "floor_table", "floor_cuts"]
+__all__ = ["GroupFloors", "gemm_shapes", "floor_table", "floor_cuts"]
 
 ROUNDING = 1e-9  # relative margin below the cost model's own sums
+ITERATION_STEP = 1.1  # per-iteration floors are rounded down to its powers
 
 
-def _entry(lengths: list[int], floors: list[tuple[float, float]],
-           free: tuple[np.ndarray, np.ndarray]) -> Options:
-    """One option per allowed length at the floor latency, the largest of ``d · a + b`` over
-    the floors ``(a, b)`` (per layer, and for what else the stage holds); ``free``: the shared
-    (read-only) columns of no per-iteration time and no memory limit."""
-    lat = np.full_like(free[0], np.inf)
-    d = np.asarray(lengths)
-    lat[d, 0] = np.max([d * a + b for a, b in floors], axis=0)
-    return Options(lat, free[0], free[1])
+@dataclass(frozen=True)
+class GroupFloors:
+    """What no stage on one group is faster than, per micro-batch (:func:`_group_floors`).
+
+    Attributes
+    ----------
+    kernels : tuple[float, float]
+        Seconds of a layer and of the LM head at the kernel floor
+        (:func:`~solver.planner.floors.kernel_floor`).
+    least : tuple[float, float, float] | None
+        The cost model's least latency of a layer, the head and the embedding over the group's
+        layouts (:func:`~solver.cost.stage_costs.least_latencies`); None where the parallelizer
+        is not priced by the cost model.
+    """
+
+    kernels: tuple[float, float]
+    least: tuple[float, float, float] | None = None
+
+    def entry(self, position: Position, lengths: list[int],
+              free: tuple[np.ndarray, np.ndarray], iterations: np.ndarray | None) -> Options:
+        """One option per allowed length at the largest latency floor and, by length, the
+        per-iteration floor ``iterations`` (None: none); ``free``: the shared (read-only)
+        columns of no per-iteration time and no memory limit."""
+        first = position in (Position.FIRST, Position.ONLY)
+        last = position in (Position.LAST, Position.ONLY)
+        floors = [(self.kernels[0], self.kernels[1] * last)]
+        if self.least is not None:
+            floors.append((self.least[0], self.least[1] * last + self.least[2] * first))
+        lat = np.full_like(free[0], np.inf)
+        d = np.asarray(lengths)
+        lat[d, 0] = np.max([d * a + b for a, b in floors], axis=0)
+        if iterations is None:
+            return Options(lat, free[0], free[1])
+        it = np.zeros_like(free[0])
+        it[d, 0] = iterations[d]
+        return Options(lat, it, free[1])
 
 
-def _group_floors(run: PlanningRun, group: Island, nodes: int
-                  ) -> tuple[tuple[float, float], tuple[float, ...] | None]:
-    """Per micro-batch on ``group``: the kernel floor of a layer and of the LM head, and the
-    cost model's least latencies of a layer, the head and the embedding over the group's
-    layouts (None where the parallelizer is not priced by the cost model). They depend on the
+def _step_down(values: np.ndarray) -> np.ndarray:
+    """``values`` rounded down to powers of :data:`ITERATION_STEP` (0 stays 0), less the
+    rounding margin: few distinct per-iteration times keep the group DP's sweep over them
+    short."""
+    with np.errstate(divide="ignore"):
+        k = np.floor(np.log(values) / math.log(ITERATION_STEP))
+    return np.where(values > 0, ITERATION_STEP ** k, 0.0) * (1 - ROUNDING)
+
+
+def _group_floors(run: PlanningRun, group: Island, nodes: int) -> GroupFloors:
+    """The latency floors of stages on ``group`` at the run's micro-batch. They depend on the
     micro-batch, not on ``n_micro``: a parallelizer that remembers (the replica search's
     memo) keeps them for every share and ``n_micro`` of that micro-batch."""
-    remember = getattr(run.cache.parallelizer, "remember", None)
-    if remember is None:
-        return _price_group_floors(run, group, nodes)
-    key = ("floors", replace(run.cache.context, n_micro=0), run.features)
-    return remember(key, group, lambda: _price_group_floors(run, group, nodes))
+    return _remembered(run, group, "floors", lambda: _price_group_floors(run, group, nodes))
 
 
-def _price_group_floors(run: PlanningRun, group: Island, nodes: int
-                        ) -> tuple[tuple[float, float], tuple[float, ...] | None]:
-    """:func:`_group_floors`, computed."""
-    ctx, n, job = run.cache.context, run.n_micro, run.job
-    shapes = gemm_shapes(run, group)
-    layer, head = kernel_floor(job, group, nodes, kernel_calibration(run.cache.parallelizer),
-                               shapes)
+def _group_iterations(run: PlanningRun, group: Island) -> dict[Position, np.ndarray] | None:
+    """Per position, by slice length, the least per-iteration seconds of a stage on ``group``
+    (:func:`~solver.cost.stage_costs.least_iterations`) rounded down to a power of
+    :data:`ITERATION_STEP`; None where the parallelizer is not priced by the cost model.
+    Remembered as :func:`_group_floors`."""
     calib = stage_calibration(run.cache.parallelizer)
     if calib is None:
-        return (layer / n, head / n), None
-    layouts = np.array(_layouts(ModelSlice(job.model, 1), group, ctx, run.features),
-                       dtype=np.int64).reshape(-1, 5)
-    tp, cp, _, dp, ep = layouts.T
-    zeros = np.zeros_like(tp)
-    cfg = ConfigArrays(tp=tp, cp=cp, ep=ep, pp=np.ones_like(tp), dp=dp, zero=zeros,
-                       recompute=zeros, offload=zeros.astype(bool),
-                       micro_batch=ctx.micro_batch // np.maximum(dp, 1))
-    least = least_latencies(job.model, group, ctx.seq_len, cfg, calib, ctx.runtime)
+        return None
+    ctx, model = run.cache.context, run.job.model
+
+    def price() -> dict[Position, np.ndarray]:
+        cfg = _layout_configs(run, group)
+        lengths = np.arange(1, model.layers + 1)
+        return {pos: _step_down(np.concatenate([[0.0], least_iterations(
+            model, group, ctx.seq_len, cfg, lengths, pos in (Position.FIRST, Position.ONLY),
+            pos in (Position.LAST, Position.ONLY), calib, ctx.runtime)])) for pos in Position}
+    return _remembered(run, group, "iterations", price)
+
+
+def _remembered(run: PlanningRun, group: Island, what: str, price):
+    """``price()``, remembered by the run's parallelizer when it can (keyed by the group and
+    the context without ``n_micro``)."""
+    remember = getattr(run.cache.parallelizer, "remember", None)
+    if remember is None:
+        return price()
+    return remember((what, replace(run.cache.context, n_micro=0), run.features), group, price)
+
+
+def _price_group_floors(run: PlanningRun, group: Island, nodes: int) -> GroupFloors:
+    """:func:`_group_floors`, computed."""
+    ctx, n, job = run.cache.context, run.n_micro, run.job
+    layer, head = kernel_floor(job, group, nodes, kernel_calibration(run.cache.parallelizer),
+                               gemm_shapes(run, group))
+    calib = stage_calibration(run.cache.parallelizer)
+    if calib is None:
+        return GroupFloors((layer / n, head / n))
+    least = least_latencies(job.model, group, ctx.seq_len, _layout_configs(run, group), calib,
+                            ctx.runtime)
     # The stage sums the same terms in another order: a margin far above rounding keeps the
     # floor below every option.
-    return (layer / n, head / n), tuple(x * (1 - ROUNDING) for x in least)
+    return GroupFloors((layer / n, head / n), tuple(x * (1 - ROUNDING) for x in least))
+
+
+def _layout_configs(run: PlanningRun, group: Island) -> ConfigArrays:
+    """Every layout a stage on ``group`` may use at the run's micro-batch, at every ZeRO stage
+    the run's features name (and 0; more stages only lower the floors), without
+    recomputation or offload."""
+    ctx = run.cache.context
+    layouts = np.array(_layouts(ModelSlice(run.job.model, 1), group, ctx, run.features),
+                       dtype=np.int64).reshape(-1, 5)
+    stages = np.asarray(sorted(set(run.features.zero) | {0}), dtype=np.int64)
+    rows = np.repeat(layouts, stages.size, axis=0)
+    tp, cp, _, dp, ep = rows.T
+    nothing = np.zeros_like(tp)
+    return ConfigArrays(tp=tp, cp=cp, ep=ep, pp=np.ones_like(tp), dp=dp,
+                        zero=np.where(dp * cp > 1, np.tile(stages, len(layouts)), 0),
+                        recompute=nothing, offload=nothing.astype(bool),
+                        micro_batch=ctx.micro_batch // np.maximum(dp, 1))
 
 
 def gemm_shapes(run: PlanningRun, group: Island) -> tuple[np.ndarray, np.ndarray]:
@@ -110,12 +177,13 @@ def gemm_shapes(run: PlanningRun, group: Island) -> tuple[np.ndarray, np.ndarray
     return (ctx.micro_batch // dp) * ctx.seq_len / cp, tp
 
 
-def floor_table(run: PlanningRun, spec: TableSpec,
-                rate: np.ndarray) -> StageTable | None:
+def floor_table(run: PlanningRun, spec: TableSpec, rate: np.ndarray,
+                iterations: bool = False) -> StageTable | None:
     """The floor stage table of ``run`` under ``spec`` (None: no entry is allowed).
 
     ``rate``: the link rates between the run's islands, in their order
-    (:func:`~solver.planner.search.link_rates`)."""
+    (:func:`~solver.planner.search.link_rates`); ``iterations``: with the per-iteration
+    floors (:func:`_group_iterations`; else none)."""
     layers, n = run.job.model.layers, run.n_micro
     slots: list[IslandSlots] = []
     options: dict[tuple[int, int, Position], Options] = {}
@@ -127,16 +195,14 @@ def floor_table(run: PlanningRun, spec: TableSpec,
             run.cache.sizes(name, run.features)
         used = []
         for g in sizes:
-            (layer, head), least = _group_floors(run, run.cache.group(name, g), g)
+            group = run.cache.group(name, g)
+            floors = _group_floors(run, group, g)
+            per_iteration = _group_iterations(run, group) if iterations else None
             for pos in Position:
                 lengths = spec.lengths(name, g, pos, layers)
                 if lengths:
-                    first = pos in (Position.FIRST, Position.ONLY)
-                    last = pos in (Position.LAST, Position.ONLY)
-                    floors = [(layer, head * last)]
-                    if least is not None:
-                        floors.append((least[0], least[1] * last + least[2] * first))
-                    options[(len(slots), g, pos)] = _entry(lengths, floors, free)
+                    options[(len(slots), g, pos)] = floors.entry(
+                        pos, lengths, free, None if per_iteration is None else per_iteration[pos])
                     used.append(g)
         if used:
             full = run.cache.islands[name]
@@ -155,11 +221,16 @@ def floor_cuts(run: PlanningRun, spec: TableSpec, restrictions: GroupRestriction
     says why). False when ``bar`` is infinite, or the table is too large for the group DP."""
     if not math.isfinite(bar):
         return False
-    table = floor_table(run, spec, rate)
-    if table is None:
-        return True  # nothing is allowed, so nothing beats the bar
+    overlap = run.job.planner.overlap
+    # The latencies alone settle most tables; the per-iteration floors, priced only then,
+    # most of the rest (their many values make the DP sweep over them).
     try:
-        return not beats(table, restrictions.among(set(table.names())), run.job.planner.overlap,
-                         bar)
+        for iterations in (False, True):
+            table = floor_table(run, spec, rate, iterations)
+            if table is None:
+                return True  # nothing is allowed, so nothing beats the bar
+            if not beats(table, restrictions.among(set(table.names())), overlap, bar):
+                return True
     except TooLargeError:
         return False
+    return False

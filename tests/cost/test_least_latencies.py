@@ -51,3 +51,39 @@ def test_least_latencies_are_one_layer_stages_and_bound_every_stage(name):
                           par.calibration, runtime).latency_s
         floor = d * layer + head * last + emb * first
         assert np.all(lat >= floor * (1 - 1e-12)), (d, float(lat.min()), floor)
+
+
+@pytest.mark.parametrize("name", ["seed-llama3-70b", "mixtral-a100-h100", "small-7b-512"])
+def test_least_iterations_bound_every_stage_and_are_exact_under_full_recomputation(name):
+    """Per length and position, no configuration's per-iteration time is below the least;
+    a configuration with full recomputation (the widest backward window, the one the floor
+    assumes) has exactly its own."""
+    from solver.cost.stage_costs import least_iterations
+    job = load_job(INSTANCES / "jobs" / f"{name}.toml")
+    par = AnalyticParallelizer(job.planner.features)
+    island = cluster_islands(job).islands[-1]
+    group = group_island(island, len(island.nodes))
+    runtime = Runtime(job.planner.framework, job.training.precision)
+    ctx = PlanContext(job.training.seq_len, 16, 8, framework=job.planner.framework,
+                      precision=job.training.precision)
+    cfg = enumerate_configs(ModelSlice(job.model, 4), group, ctx, FeatureSet.of(par.features))
+    cfg = cfg.take(np.flatnonzero(np.asarray(cfg.pp) == 1))
+    lengths = np.array([1, 3, 7])
+    pipe = PipelineSetting(8)
+    for first, last in ((False, False), (True, False), (False, True)):
+        least = least_iterations(job.model, group, ctx.seq_len, cfg, lengths, first, last,
+                                 par.calibration, runtime)
+        for d, low in zip(lengths, least):
+            it = stage_costs(ModelSlice(job.model, int(d), first, last), group, ctx.seq_len,
+                             cfg, pipe, par.calibration, runtime).iteration_s
+            assert np.all(it >= low * (1 - 1e-12)), (d, first, last, float(it.min()), low)
+    if name == "small-7b-512":
+        return  # its features leave full recomputation out: nothing to compare below
+    full = np.flatnonzero(np.asarray(cfg.recompute) == 2)[:1]
+    assert full.size == 1
+    one = cfg.take(full)
+    own = stage_costs(ModelSlice(job.model, 3), group, ctx.seq_len, one, pipe, par.calibration,
+                      runtime).iteration_s[0]
+    got = least_iterations(job.model, group, ctx.seq_len, one, np.array([3]), False, False,
+                           par.calibration, runtime)[0]
+    assert got == pytest.approx(float(own), rel=1e-12)

@@ -1,5 +1,5 @@
 """The floor stage table (:mod:`solver.planner.floor_table`): every option the parallelizer
-prices is at least its floor entry, so the floor table's optimum is at most the real one and a
+prices is at least its floor entry (latency and per-iteration time), so the floor table's optimum is at most the real one and a
 cut against a bar never drops a plan that beats it."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _spec(run) -> TableSpec:
 
 
 def _floor_value(run, spec) -> float:
-    table = floor_table(run, spec, link_rates(run))
+    table = floor_table(run, spec, link_rates(run), iterations=True)
     restr = _restrictions(run, frozenset(), None)
     got = compose_groups_dp(table, restr, run.job.planner.overlap)
     assert got.feasible
@@ -58,16 +58,21 @@ def _check_premise(runs) -> int:
         real = build_stage_table(run.cache, spec, link_rates(run), names, run.features)
         if real is None:  # nothing fits (a small micro-batch of a large MoE): nothing to check
             continue
-        floor = floor_table(run, spec, link_rates(run))
+        floor = floor_table(run, spec, link_rates(run), iterations=True)
         index = {s.name: k for k, s in enumerate(floor.islands)}
         for (k, g, pos), opts in real.table.options.items():
             fk = index[real.table.islands[k].name]  # every priced island is in the floor table
             low = floor.options[(fk, g, pos)].latency[:, 0]
+            low_it = floor.options[(fk, g, pos)].iteration[:, 0]
             for d in range(1, real.table.layers + 1):
-                finite = opts.latency[d][np.isfinite(opts.latency[d])]
+                live = np.isfinite(opts.latency[d])
+                finite = opts.latency[d][live]
                 if finite.size:
                     assert np.isfinite(low[d]), (run.view, k, g, pos, d)
                     assert finite.min() >= low[d] * (1 - 1e-12), (run.view, k, g, pos, d)
+                    # Every option's per-iteration time too (the floor's may come from
+                    # another option of the entry: each is bounded on its own).
+                    assert opts.iteration[d][live].min() >= low_it[d], (run.view, k, g, pos, d)
                     checked += 1
     return checked
 
@@ -180,6 +185,11 @@ def test_the_cost_model_raises_the_floor_above_the_kernels_alone(monkeypatch):
     (run, _) = _runs("seed-llama3-70b", 8)
     with_model = _floor_latencies(run)
     value = _floor_value(run, _spec(run))
+    # The per-iteration floors (gradient sync no window hides, the optimizer step) add to it.
+    latencies_only = compose_groups_dp(floor_table(run, _spec(run), link_rates(run)),
+                                       _restrictions(run, frozenset(), None),
+                                       run.job.planner.overlap).objective
+    assert value > latencies_only
     monkeypatch.setattr("solver.planner.floor_table.stage_calibration", lambda par: None)
     kernels = _floor_latencies(run)
     finite = [np.isfinite(kernels[k]) for k in kernels]

@@ -57,6 +57,7 @@ import numpy as np
 from solver.compose.group_pass import (_INF, MAX_GROUP_ISLANDS, Mode, _backtrack, _cover,
                                        _decode, _Kernels, _kernels, _Prep, _prepare, _run_pass,
                                        level_in_flight)
+from solver.compose.group_kernel import knapsack_layers
 from solver.compose.stage_table import GroupRestrictions, GroupResult, StageTable, group_objective
 
 Live = Callable[[], float]  # the current bar of a search whose incumbent may fall as it runs
@@ -138,19 +139,15 @@ def _raise_floor(prep: _Prep, kern: _Kernels, values: np.ndarray, floor: float,
 
 def _knapsack(units: int, sizes, value, most: int) -> int:
     """Most layers of stages whose group sizes (node granules) add up to at most ``units``."""
-    best = [0] * (units + 1)
-    for u in range(1, units + 1):
-        best[u] = max([best[u - 1]] + [best[u - int(g)] + v for g, v in zip(sizes, value)
-                                        if 0 < g <= u])
-    return min(best[units], most * max(value, default=0))
+    got = knapsack_layers(units, np.asarray(sizes, dtype=np.int64),
+                          np.asarray(value, dtype=np.int64))
+    return min(int(got), most * max(value, default=0))
 
 
 def _rate_floor(kern: _Kernels) -> float:
     """``min τ/d`` over every entry: a stage of ``d`` layers costs at least ``d`` times it."""
-    d = np.arange(kern.tau.shape[-1])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = np.where(np.isfinite(kern.tau) & (d > 0), kern.tau / np.maximum(d, 1), _INF)
-    return float(r.min()) if r.size else _INF
+    tau = kern.tau[..., 1:]  # missing options are inf, and stay inf divided by d
+    return float((tau / np.arange(1, tau.shape[-1] + 1)).min()) if tau.size else _INF
 
 
 def _evaluate(prep: _Prep, kern: _Kernels, cap: float, budget: float, rate: float,

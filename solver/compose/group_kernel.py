@@ -42,6 +42,21 @@ def level_latencies(lat: np.ndarray, it: np.ndarray, cap: np.ndarray, vcap: floa
 
 
 @njit(cache=True)
+def knapsack_layers(units: int, sizes: np.ndarray, value: np.ndarray) -> int:
+    """Most of ``value`` (layers per group) that groups of ``sizes`` granules, each any
+    number of times, give within ``units`` granules (an unbounded knapsack)."""
+    best = np.zeros(units + 1, dtype=np.int64)
+    for u in range(1, units + 1):
+        top = best[u - 1]
+        for i in range(sizes.size):
+            g = sizes[i]
+            if 0 < g <= u and best[u - g] + value[i] > top:
+                top = best[u - g] + value[i]
+        best[u] = top
+    return best[units]
+
+
+@njit(cache=True)
 def _comb(a: float, b: float, sum_mode: bool) -> float:
     return a + b if sum_mode else max(a, b)
 

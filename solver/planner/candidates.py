@@ -25,6 +25,7 @@ from solver.compose.table import Position
 from solver.cost.configs import FeatureSet, _layouts
 from solver.cost.parallelizer import Parallelizer, PartialPlan, PlanContext
 from solver.cost.stage import ModelSlice
+from solver.cost.stage_options import shares_across_n
 from solver.islands import group_island
 from solver.spec.domain import Island, JobSpec, ModelSpec
 
@@ -173,10 +174,20 @@ class GroupCache:
         (found once per island and feature set)."""
         got = self.sized.get((island, features))
         if got is None:
-            got = self.sized[(island, features)] = group_sizes(
-                self.model, self.islands[island], self.context, features,
-                lambda g: self.group(island, g))
+            got = self.sized[(island, features)] = self._remembered_sizes(island, features)
         return got
+
+    def _remembered_sizes(self, island: str, features: FeatureSet) -> tuple[int, ...]:
+        """:func:`group_sizes`, remembered across runs by a parallelizer that remembers (the
+        replica search's memo) where ``n_micro`` leaves the layouts alone."""
+        def find() -> tuple[int, ...]:
+            return group_sizes(self.model, self.islands[island], self.context, features,
+                               lambda g: self.group(island, g))
+        remember = getattr(self.parallelizer, "remember", None)
+        if remember is None or not shares_across_n(self.context):
+            return find()
+        key = ("sizes", replace(self.context, n_micro=0), features)
+        return remember(key, self.islands[island], find)
 
     def _sig(self, island: str, nodes: int) -> tuple:
         got = self.signatures.get((island, nodes))

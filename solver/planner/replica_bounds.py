@@ -105,8 +105,9 @@ def share_window(job: JobSpec, part: Partition, unit: int, budget: float,
     batch, r = job.training.global_batch, len(part)
     his = []
     for g in part:
+        whole = replica_floor(job, g, batch, calib)  # the floor is linear in the share
         top = batch - (r - 1) * unit
-        while top >= unit and replica_floor(job, g, top, calib) >= budget:
+        while top >= unit and top / batch * whole >= budget:
             top -= unit
         his.append(top)
     return [range(max(unit, batch - (sum(his) - hi)), hi + 1, unit) for hi in his]

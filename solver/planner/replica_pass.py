@@ -115,11 +115,12 @@ def _shrink_tops(reps: ReplicaMemo, part: Partition, unit: int,
     beats the incumbent less the partition's all-reduce. Returns True when no shares of the
     partition beat the incumbent (settled), False when the tops hold."""
     (st, extra), (his, times), batch = incumbent, state, reps.job.training.global_batch
+    # Each replica's floor at the whole batch: the floor is linear in the share.
+    whole = [replica_floor(reps.job, g, batch, reps.calib) for g in part]
     while True:
         for r in range(len(part)):  # tops no faster than the budget are of no use
             while his[r] >= unit and (times[r].get(his[r], 0.0) >= st.value - extra or
-                                      replica_floor(reps.job, part[r], his[r], reps.calib)
-                                      >= st.value - extra):
+                                      his[r] / batch * whole[r] >= st.value - extra):
                 his[r] -= unit
         if any(his[r] < max(unit, batch - (sum(his) - his[r])) for r in range(len(part))):
             return True

@@ -173,12 +173,17 @@ class ReplicaMemo:
     fast" is remembered with its budget and answers every later ask at that budget or below;
     a larger budget plans again (the search asks at the largest budget any partition can
     still use, so it does not happen there). ``ahead``: shares per replica the window walk
-    plans at once (the planner's workers; one in this process); ``calib``: its
+    plans at once (one: see ``__init__``); ``calib``: its
     parallelizer's kernel calibration, for the floors
     (:func:`~solver.cost.parallelizer.kernel_calibration`)."""
 
     def __init__(self, job: JobSpec, planner: ReplicaPlanner):
-        self.job, self.planner, self.ahead = job, planner, planner.parallel
+        self.job, self.planner = job, planner
+        # Shares per replica the window walk plans at once. Planning the share below each top
+        # alongside it (2 with two workers) kept both busy while asks were dear; now that the
+        # floor table settles most asks cheaply it cost more than it saved (fleet-700 with
+        # two workers: replica search 10.1 -> 8.5 s, 22 -> 17 s of CPU; 2026-12-06).
+        self.ahead = 1
         self.calib = kernel_calibration(planner.par)  # the floors' kernel rates, read once
         self.plans: dict[tuple[tuple[str, ...], int], Plan | float] = {}
         self.calls = 0
@@ -213,7 +218,7 @@ class ReplicaMemo:
         """Plan the asks :meth:`time` cannot answer yet, side by side (a no-op in this
         process)."""
         todo = self.unknown(asks)
-        if self.ahead < 2 or len(todo) < 2:
+        if self.planner.parallel < 2 or len(todo) < 2:
             return
         for (k, u), plan in zip(todo.items(), self.planner.plan([(k[0], k[1], u)
                                                                  for k, u in todo.items()])):

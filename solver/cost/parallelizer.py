@@ -67,7 +67,7 @@ def stage_calibration(parallelizer: Parallelizer) -> Calibration | None:
     """The calibration under which :func:`~solver.cost.stage_costs.stage_costs` prices every
     stage option ``parallelizer`` returns (attribute ``stage_calibration``: the analytic
     model's own), so that a stage's latency is at least its layers' least latency
-    (:func:`~solver.cost.stage_costs.least_latencies`, the floor stage table's premise).
+    (:func:`~solver.cost.least_costs.least_latencies`, the floor stage table's premise).
     Wrappers forward their inner's; a parallelizer that says nothing gets None, and the
     floor stage table prices kernels only (:func:`kernel_calibration`)."""
     return getattr(parallelizer, "stage_calibration", None)

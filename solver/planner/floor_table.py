@@ -5,17 +5,26 @@ parallelizer) is most of what a search costs, and a replica asked to beat its bu
 (:func:`~solver.planner.search.plan_job` with ``upper``) usually finds nothing.
 The floor table has the real table's structure — the same islands, group sizes, slice lengths
 the rules allow, links, banned boundaries and depth limits — and one option per entry, priced
-from :func:`~solver.planner.floors.kernel_floor` instead of the parallelizer:
+from floors instead of the parallelizer:
 
-* latency ``(d · c_g + [the stage holds the LM head] · h_g) / n`` for ``d`` layers on a group
-  ``g`` whose layer and head floors per iteration are ``c_g`` and ``h_g``, the layer's GEMMs
-  at the least time any of the group's layouts at the run's micro-batch gives them (a
-  micro-batch of few sequences forces tensor parallelism on a large group, which narrows its
-  GEMMs, and caps the rows of each); every option the parallelizer prices for that entry
-  takes at least as long (``tests/planner/test_floor_table.py`` checks this premise on the
-  cost model);
-* per-iteration time 0 and unlimited micro-batches in flight (every real option costs
-  ``v >= 0`` and holds at most what fits).
+* latency: the larger of the kernel floor ``(d · c_g + [the stage holds the LM head] · h_g) / n``
+  (:func:`~solver.planner.floors.kernel_floor`, ``c_g`` and ``h_g`` the layer's and the head's
+  floors per iteration, the GEMMs at the least time any of the group's layouts at the run's
+  micro-batch gives them) and, where the parallelizer is priced by the cost model
+  (:func:`~solver.cost.parallelizer.stage_calibration`), ``d · a + [head] · a_h + [embedding]
+  · a_e``, the least latencies of a layer, the head and the embedding over the group's layouts
+  (:func:`~solver.cost.least_costs.least_latencies`: every other term of a stage is
+  non-negative and recomputation only adds);
+* per-iteration time: 0 in a first check; where the latencies alone do not settle the table,
+  the least exposed gradient sync and optimizer step over the group's layouts and ZeRO stages
+  with the longest backward window any recomputation gives
+  (:func:`~solver.cost.least_costs.least_iterations`), rounded down;
+* unlimited micro-batches in flight (every real option holds at most what fits).
+
+Every option the parallelizer prices for an entry takes at least as long and at least as much
+per iteration (``tests/planner/test_floor_table.py`` checks this premise on the cost model).
+The floors of a group depend on the micro-batch, not on ``n_micro``: a parallelizer that
+remembers (the replica search's memo) keeps them across shares and ``n_micro``.
 
 The composition objective ``T = (n − 1)·max(τ, c) + Σ τ + Σ c + max v`` is monotone in every
 ``τ`` and ``v``, and every plan of the real table is a plan of the floor table (capacities are
@@ -39,7 +48,7 @@ from solver.compose.table import Position
 from solver.cost.configs import _layouts
 from solver.cost.parallelizer import kernel_calibration, stage_calibration
 from solver.cost.stage import ConfigArrays, ModelSlice
-from solver.cost.stage_costs import least_iterations, least_latencies
+from solver.cost.least_costs import least_iterations, least_latencies
 from solver.planner.candidates import TableSpec
 from solver.planner.floors import kernel_floor
 from solver.planner.runs import PlanningRun
@@ -62,7 +71,7 @@ class GroupFloors:
         (:func:`~solver.planner.floors.kernel_floor`).
     least : tuple[float, float, float] | None
         The cost model's least latency of a layer, the head and the embedding over the group's
-        layouts (:func:`~solver.cost.stage_costs.least_latencies`); None where the parallelizer
+        layouts (:func:`~solver.cost.least_costs.least_latencies`); None where the parallelizer
         is not priced by the cost model.
     """
 
@@ -107,7 +116,7 @@ def _group_floors(run: PlanningRun, group: Island, nodes: int) -> GroupFloors:
 
 def _group_iterations(run: PlanningRun, group: Island) -> dict[Position, np.ndarray] | None:
     """Per position, by slice length, the least per-iteration seconds of a stage on ``group``
-    (:func:`~solver.cost.stage_costs.least_iterations`) rounded down to a power of
+    (:func:`~solver.cost.least_costs.least_iterations`) rounded down to a power of
     :data:`ITERATION_STEP`; None where the parallelizer is not priced by the cost model.
     Remembered as :func:`_group_floors`."""
     calib = stage_calibration(run.cache.parallelizer)

@@ -9,8 +9,9 @@ it, so a changed input never finds a stale entry: it finds another key.
 :class:`CachingParallelizer` wraps any :class:`~solver.cost.parallelizer.Parallelizer` and implements
 the same protocol, so ``plan_job(job, parallelizer=CachingParallelizer(inner, store))`` caches
 without any planner change. It counts the inner calls (what re-planning costs) and the hits.
-:class:`MemoParallelizer` is its in-memory cousin for the many plans of one search (the
-replica search's), keyed cheaply because its scope is one model on one cluster.
+:class:`~solver.planner.memo.MemoParallelizer` is its in-memory cousin for the many plans of
+one search (the replica search's), keyed cheaply because its scope is one model on one
+cluster.
 
 On-disk format (``DirectoryStore``, versioned by :data:`CACHE_FORMAT`)::
 
@@ -33,7 +34,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from solver.cost.efficiency import Calibration, intra_node_gbs
 from solver.cost.parallelizer import (
@@ -46,13 +47,9 @@ from solver.cost.parallelizer import (
     stage_calibration,
 )
 from solver.cost.stage import ModelSlice, StageConfig
-from solver.cost.stage_options import shares_across_n
 from solver.spec.domain import Island, ModelSpec, Recompute
 from solver.spec.fields import write_atomic
 
-#: Capacities the memo keeps per stage option: options of every ``n_micro`` up to this many are
-#: derived from one evaluation (the most ``n_micro`` the planner searches, MAX_AUTO_MICRO).
-SHARED_MICRO = 128
 #: Version of the entry format and of the key's meaning; bump when either changes.
 CACHE_FORMAT = 2
 #: Version of the cost model's semantics, bumped by hand when results change for the same inputs
@@ -340,121 +337,6 @@ class CachingParallelizer:
     def cache_identity(self) -> str:
         """Caching does not change answers: identify as the inner parallelizer."""
         return self._identity
-
-
-@dataclass
-class MemoParallelizer:
-    """A :class:`~solver.cost.parallelizer.Parallelizer` that remembers every answer in memory
-    for the many plans of one search: one model on one cluster. The replica search plans an
-    island at a share once per replica set the island is in, and those calls repeat
-    (:meth:`~solver.spec.constraints.Constraints.on_stages` keeps the island selection out of
-    the context). Keys are cheap because the scope is narrow: the slice's length and position,
-    the context, and the island by name, size and first and last node (names are unique in a
-    cluster, and a node group is named after its island with nodes of names of its own).
-    Answers are the inner parallelizer's, unchanged; a test checks that plans made through
-    it are the plans made without.
-
-    Attributes
-    ----------
-    inner : Parallelizer
-        The parallelizer called on a miss.
-    max_entries : int
-        Answers kept; past it the oldest is forgotten (a fleet's search would otherwise hold
-        gigabytes of options).
-    inner_calls, hits : int
-        Misses and calls answered from memory.
-    """
-
-    inner: Parallelizer
-    max_entries: int = 30_000
-    inner_calls: int = 0
-    hits: int = 0
-    _seen: dict = field(default_factory=dict, repr=False)
-
-    def _recall(self, key: tuple, compute) -> Any:
-        found = self._seen.get(key)
-        if found is not None:
-            self.hits += 1
-            return found
-        found = self._seen[key] = compute()
-        self.inner_calls += 1
-        if len(self._seen) > self.max_entries:
-            del self._seen[next(iter(self._seen))]  # the oldest answer
-        return found
-
-    @staticmethod
-    def _island(island: Island) -> tuple:
-        return island.name, len(island.nodes), island.nodes[0].node_id, island.nodes[-1].node_id
-
-    def remember(self, key: tuple, island: Island, compute: Callable[[], Any]) -> Any:
-        """``compute()`` for ``key`` on ``island``, remembered like the answers: what the
-        search derives from one group at one context (its floors) and asks again under other
-        shares and ``n_micro``."""
-        return self._recall(key + (self._island(island),), compute)
-
-    def plan(self, slice: ModelSlice, island: Island, context: PlanContext) -> list[PartialPlan]:
-        """The inner parallelizer's answer, remembered."""
-        key = ("plan", slice.layers, slice.has_embedding, slice.has_head, self._island(island),
-               context)
-        return self._recall(key, lambda: self.inner.plan(slice, island, context))
-
-    def plan_stages(self, model: ModelSpec, lengths: list[int], has_embedding: bool,
-                    has_head: bool, island: Island, context: PlanContext) -> list:
-        """The inner options per length (:func:`~solver.planner.candidates.stage_options`),
-        remembered per call; or, where the options depend on ``n_micro`` only through their
-        capacities' cap (:func:`~solver.cost.stage_options.shares_across_n`), remembered per
-        length for every ``n_micro`` up to :data:`SHARED_MICRO` at once
-        (:meth:`_candidates`): the replica search asks for one island at one micro-batch
-        size under many shares and ``n_micro``."""
-        candidates = getattr(self.inner, "stage_candidates", None)
-        if candidates is not None and context.n_micro <= SHARED_MICRO and \
-                shares_across_n(context):
-            return [o.capped(context.n_micro) for o in self._candidates(
-                candidates, model, lengths, has_embedding, has_head, island, context)]
-        from solver.planner.candidates import stage_options
-        return self._recall(("stages", tuple(lengths), has_embedding, has_head,
-                             self._island(island), context),
-                            lambda: stage_options(self.inner, model, lengths, has_embedding,
-                                                  has_head, island, context))
-
-    def _candidates(self, candidates, model: ModelSpec, lengths: list[int], has_embedding: bool,
-                    has_head: bool, island: Island, context: PlanContext) -> list:
-        """The inner candidates of every length at :data:`SHARED_MICRO` micro-batches (the
-        context's in-flight count and internal depth are the stage's own, 1), the missing
-        lengths in one call."""
-        shared = dataclasses.replace(context, n_micro=SHARED_MICRO, in_flight=1, max_pp=1)
-        base = ("candidates", has_embedding, has_head, self._island(island), shared)
-        got = {d: self._seen.get(base + (d,)) for d in lengths}
-        todo = [d for d, o in got.items() if o is None]
-        if todo:
-            self.inner_calls += 1
-            for d, o in zip(todo, candidates(model, todo, has_embedding, has_head, island,
-                                             shared)):
-                got[d] = self._seen[base + (d,)] = o
-            while len(self._seen) > self.max_entries:
-                del self._seen[next(iter(self._seen))]  # the oldest answer
-        else:
-            self.hits += 1
-        return [got[d] for d in lengths]
-
-    @property
-    def interleaving_priced_above_plain(self) -> bool:
-        """The inner parallelizer's (the answers are its own)."""
-        return prices_interleaving_above_plain(self.inner)
-
-    @property
-    def kernel_calibration(self) -> Calibration | None:
-        """The inner parallelizer's (the answers are its own)."""
-        return kernel_calibration(self.inner)
-
-    @property
-    def stage_calibration(self) -> Calibration | None:
-        """The inner parallelizer's (the answers are its own)."""
-        return stage_calibration(self.inner)
-
-    def cache_identity(self) -> str:
-        """Remembering does not change answers: identify as the inner parallelizer."""
-        return parallelizer_identity(self.inner)
 
 
 def open_store(directory: Path | str | None) -> DirectoryStore:

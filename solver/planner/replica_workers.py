@@ -4,7 +4,7 @@ the memo of their plans by (islands, share) with its budget semantics (:class:`R
 A replica (a set of islands and a batch share) is planned as a job of its own
 (:func:`plan_share`). The search plans hundreds of them on one cluster, and an island at a
 share is planned again for every island set it belongs to; so every planner here keeps one
-:class:`~solver.planner.plancache.MemoParallelizer` for all its replicas. Workers are
+:class:`~solver.planner.memo.MemoParallelizer` for all its replicas. Workers are
 processes that live as long as the search, each with its own memo in its own loop
 (:func:`_serve`); a share goes to its own worker (share units ``mod`` workers) unless that
 one is busy and another idles, so the island sets planned at one share mostly meet the same
@@ -22,7 +22,7 @@ from typing import Sequence
 from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer, kernel_calibration
 from solver.islands import IslandSet
 from solver.planner.plan import Plan
-from solver.planner.plancache import MemoParallelizer
+from solver.planner.memo import MemoParallelizer
 from solver.planner.replica_plan import replica_job
 from solver.planner.runs import PlannerConfig, cluster_islands
 from solver.planner.search import plan_job

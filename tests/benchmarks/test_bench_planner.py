@@ -80,7 +80,7 @@ def test_bench_plan(benchmark, name, workers):
 
 
 # The replica search after the single-pipeline plan: (job, n_micro searched where the job
-# fixes it). fleet-700 searches n_micro itself and settles its 171 partitions in about 16 s.
+# fixes it). fleet-700 searches n_micro itself and settles its 171 partitions in 7-10 s.
 REPLICA_CASES = [("small-7b-512", False), ("large-4096-llama3-70b", False),
                  ("seed-llama3-70b", True), ("fleet-700-llama3-70b", False)]
 

@@ -1,5 +1,5 @@
 """The least latencies the floor stage table starts from
-(:func:`solver.cost.stage_costs.least_latencies`): for one configuration without
+(:func:`solver.cost.least_costs.least_latencies`): for one configuration without
 recomputation they are the stage's own latency, and no configuration's stage is faster."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from solver.cost.parallelizer import AnalyticParallelizer, PlanContext
 from solver.cost.configs import FeatureSet, enumerate_configs
 from solver.cost.frameworks import Runtime
 from solver.cost.stage import ModelSlice
-from solver.cost.stage_costs import PipelineSetting, least_latencies, stage_costs
+from solver.cost.least_costs import least_latencies
+from solver.cost.stage_costs import PipelineSetting, stage_costs
 from solver.islands import group_island
 from solver.planner.runs import cluster_islands
 from solver.spec.loaders import load_job
@@ -58,7 +59,7 @@ def test_least_iterations_bound_every_stage_and_are_exact_under_full_recomputati
     """Per length and position, no configuration's per-iteration time is below the least;
     a configuration with full recomputation (the widest backward window, the one the floor
     assumes) has exactly its own."""
-    from solver.cost.stage_costs import least_iterations
+    from solver.cost.least_costs import least_iterations
     job = load_job(INSTANCES / "jobs" / f"{name}.toml")
     par = AnalyticParallelizer(job.planner.features)
     island = cluster_islands(job).islands[-1]

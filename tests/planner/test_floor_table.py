@@ -164,7 +164,7 @@ def test_floors_remembered_per_micro_batch_are_the_floors_computed():
     """Two replica jobs of one micro-batch (64 sequences at n = 4 and 128 at n = 8): the floor
     tables built through the replica search's memo (the second from the first's floors) equal
     those built without it."""
-    from solver.planner.plancache import MemoParallelizer
+    from solver.planner.memo import MemoParallelizer
     job = load_job(INSTANCES / "jobs" / "small-7b-512.toml")
     islands = ("i0-H200-SXM-141GB", "i1-H100-SXM-80GB")
     memo = MemoParallelizer(AnalyticParallelizer(job.planner.features))

@@ -15,7 +15,7 @@ from solver.cost.stage import ModelSlice
 from solver.islands import group_island
 from solver.planner.interleaved import _context, best_interleaved, chunk_counts, plain_floor
 from solver.planner.plan import interleaved_cycle_time
-from solver.planner.plancache import MemoParallelizer
+from solver.planner.memo import MemoParallelizer
 from solver.planner.runs import cluster_islands
 from solver.planner.search import PlannerConfig, plan_job
 from solver.planner.validate import problems

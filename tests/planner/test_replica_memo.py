@@ -4,7 +4,7 @@ across jobs that differ only in their islands, and constraints that leave the is
 from __future__ import annotations
 
 from solver.cost.parallelizer import AnalyticParallelizer
-from solver.planner.plancache import MemoParallelizer
+from solver.planner.memo import MemoParallelizer
 from solver.planner.replica_plan import replica_job
 from solver.planner.search import job_islands, plan_job
 from solver.spec.constraints import Constraints

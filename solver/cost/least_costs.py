@@ -1,0 +1,78 @@
+"""The least a stage can cost over a group's layouts: the cost model's own floors.
+
+:mod:`solver.planner.floor_table` prices its entries from these instead of from every
+configuration: the least per-micro-batch latency of one layer, the LM head and the embedding
+(:func:`least_latencies`), and per slice length the least per-iteration time
+(:func:`least_iterations`). Both read :mod:`solver.cost.stage_costs`' sums term by term, which
+is why every configuration's stage takes at least as long
+(``tests/cost/test_least_latencies.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
+from solver.cost.frameworks import Runtime
+from solver.cost.stage import ConfigArrays
+from solver.cost.stage_costs import _time_inputs
+from solver.cost.sync import _zero_and_sync
+from solver.cost.timing import embedding_times, head_times, layer_times
+from solver.spec.domain import Island, ModelSpec
+
+__all__ = ["least_latencies", "least_iterations"]
+
+
+def least_latencies(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigArrays,
+                    calib: Calibration = DEFAULT_CALIBRATION,
+                    runtime: Runtime = Runtime()) -> tuple[float, float, float]:
+    """Least per-micro-batch seconds, forward and backward, of one layer, of the LM head and
+    of the input embedding over the configurations ``cfg`` (their recomputation set to none).
+
+    A stage without internal pipelining runs ``d`` layers, its embedding and head, in
+    :func:`substage_costs`'s ``fwd.total + bwd.total``: ``d`` times the layer's components
+    plus the embedding's and the head's, plus ZeRO, offload and point-to-point terms that are
+    never negative; recomputation only adds (compute, TP and EP traffic, a third CP ring). So
+    any configuration of these layouts takes at least ``d`` times the first value plus the
+    others it holds. ``inf`` each when ``cfg`` is empty."""
+    if len(cfg) == 0:
+        return math.inf, math.inf, math.inf
+    ti = _time_inputs(model, island, seq_len, calib, runtime)
+    plain = dataclasses.replace(cfg, recompute=np.zeros_like(np.asarray(cfg.recompute)))
+    return tuple(float(np.min(f.total + b.total)) for f, b in (
+        layer_times(ti, plain), head_times(ti, plain), embedding_times(ti, plain)))
+
+
+def least_iterations(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigArrays,
+                     lengths: np.ndarray, has_embedding: bool, has_head: bool,
+                     calib: Calibration = DEFAULT_CALIBRATION,
+                     runtime: Runtime = Runtime()) -> np.ndarray:
+    """Per length, the least per-iteration seconds (exposed gradient sync and optimizer step)
+    of a stage without internal pipelining over the configurations ``cfg`` (their ZeRO stages
+    as given; recomputation and offload at any setting).
+
+    :func:`substage_costs` hides the sync behind the pass's compute (:func:`~solver.cost.sync.
+    hide`, non-increasing in that window), and recomputation only lengthens the backward
+    window, so each configuration is evaluated with full recomputation's backward window and
+    no recomputation's forward one: no setting of either exposes less. ``inf`` when ``cfg`` is
+    empty."""
+    lengths = np.asarray(lengths)
+    m = len(cfg)
+    if m == 0:
+        return np.full(lengths.shape, math.inf)
+    ti = _time_inputs(model, island, seq_len, calib, runtime)
+    c = cfg.take(np.tile(np.arange(m), lengths.size))
+    d = np.repeat(lengths, m).astype(float)
+    emb, head = np.asarray(has_embedding), np.asarray(has_head)
+    codes = np.asarray(c.recompute)
+    lf, _ = layer_times(ti, dataclasses.replace(c, recompute=np.zeros_like(codes)))
+    _, lb = layer_times(ti, dataclasses.replace(c, recompute=np.full_like(codes, 2)))
+    (ef, eb), (hf, hb) = embedding_times(ti, c), head_times(ti, c)
+    fwd = lf.scaled(d).plus(ef.scaled(emb)).plus(hf.scaled(head))
+    bwd = lb.scaled(d).plus(eb.scaled(emb)).plus(hb.scaled(head))
+    _, _, dp_s, optimizer = _zero_and_sync(ti, c, d, emb, head, fwd.compute,
+                                           bwd.compute + bwd.recompute)
+    return (dp_s + optimizer).reshape(lengths.size, m).min(axis=1)

@@ -13,18 +13,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from solver.cost.efficiency import Calibration
-from solver.cost.parallelizer import (
-    Parallelizer,
-    PartialPlan,
-    PlanContext,
-    kernel_calibration,
-    prices_interleaving_above_plain,
-    stage_calibration,
-)
+from solver.cost.parallelizer import Parallelizer, PartialPlan, PlanContext
 from solver.cost.stage import ModelSlice
 from solver.cost.stage_options import shares_across_n
-from solver.planner.plancache import parallelizer_identity
+from solver.planner.plancache import ForwardsInner, parallelizer_identity
 from solver.spec.domain import Island, ModelSpec
 
 __all__ = ["SHARED_MICRO", "MemoParallelizer"]
@@ -35,7 +27,7 @@ SHARED_MICRO = 128
 
 
 @dataclass
-class MemoParallelizer:
+class MemoParallelizer(ForwardsInner):
     """A :class:`~solver.cost.parallelizer.Parallelizer` that remembers every answer in memory
     for the many plans of one search: one model on one cluster. The replica search plans an
     island at a share once per replica set the island is in, and those calls repeat
@@ -128,21 +120,6 @@ class MemoParallelizer:
         else:
             self.hits += 1
         return [got[d] for d in lengths]
-
-    @property
-    def interleaving_priced_above_plain(self) -> bool:
-        """The inner parallelizer's (the answers are its own)."""
-        return prices_interleaving_above_plain(self.inner)
-
-    @property
-    def kernel_calibration(self) -> Calibration | None:
-        """The inner parallelizer's (the answers are its own)."""
-        return kernel_calibration(self.inner)
-
-    @property
-    def stage_calibration(self) -> Calibration | None:
-        """The inner parallelizer's (the answers are its own)."""
-        return stage_calibration(self.inner)
 
     def cache_identity(self) -> str:
         """Remembering does not change answers: identify as the inner parallelizer."""

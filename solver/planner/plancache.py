@@ -260,8 +260,30 @@ class DirectoryStore:
         write_atomic(target, json.dumps(payload, separators=(",", ":")))
 
 
+class ForwardsInner:
+    """What a wrapper of a parallelizer (attribute ``inner``) declares: its inner's
+    declarations, since its answers are the inner's."""
+
+    inner: Parallelizer
+
+    @property
+    def interleaving_priced_above_plain(self) -> bool:
+        """The inner parallelizer's (the answers are its own)."""
+        return prices_interleaving_above_plain(self.inner)
+
+    @property
+    def kernel_calibration(self) -> Calibration | None:
+        """The inner parallelizer's (the answers are its own)."""
+        return kernel_calibration(self.inner)
+
+    @property
+    def stage_calibration(self) -> Calibration | None:
+        """The inner parallelizer's (the answers are its own)."""
+        return stage_calibration(self.inner)
+
+
 @dataclass
-class CachingParallelizer:
+class CachingParallelizer(ForwardsInner):
     """A :class:`~solver.cost.parallelizer.Parallelizer` that answers from ``store`` when it can.
 
     Attributes
@@ -318,21 +340,6 @@ class CachingParallelizer:
                 out[i] = list(plans)
                 self.store.save(keys[i], out[i])
         return out
-
-    @property
-    def interleaving_priced_above_plain(self) -> bool:
-        """The inner parallelizer's (the answers are its own)."""
-        return prices_interleaving_above_plain(self.inner)
-
-    @property
-    def kernel_calibration(self) -> Calibration | None:
-        """The inner parallelizer's (the answers are its own)."""
-        return kernel_calibration(self.inner)
-
-    @property
-    def stage_calibration(self) -> Calibration | None:
-        """The inner parallelizer's (the answers are its own)."""
-        return stage_calibration(self.inner)
 
     def cache_identity(self) -> str:
         """Caching does not change answers: identify as the inner parallelizer."""

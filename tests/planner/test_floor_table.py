@@ -196,3 +196,52 @@ def test_the_cost_model_raises_the_floor_above_the_kernels_alone(monkeypatch):
     assert all(np.all(with_model[k][f] >= kernels[k][f]) for k, f in zip(kernels, finite))
     assert any(np.any(with_model[k][f] > kernels[k][f] * 1.01) for k, f in zip(kernels, finite))
     assert _floor_value(run, _spec(run)) < value
+
+
+@settings(max_examples=10, deadline=None)
+@given(name=st.sampled_from(["small-7b-512", "three-gen-512-llama3-70b", "odd-3h100-5a100-llama2-13b"]),
+       data=st.data())
+def test_random_asks_plan_the_same_with_and_without_the_cut(name, data):
+    """Seeded random replica asks (island set, share, n_micro fixed or searched, a budget
+    around the ask's optimum): the floor table's cut, its per-iteration floors and the memo's
+    remembered floors change nothing but the work."""
+    from solver.planner.memo import MemoParallelizer
+    job = load_job(INSTANCES / "jobs" / f"{name}.toml")
+    names = [i.name for i in job_islands_of(job)]
+    chosen = tuple(data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=len(names),
+                                      unique=True)))
+    share = data.draw(st.sampled_from([job.training.global_batch // 4,
+                                       job.training.global_batch // 2]))
+    ask = replica_job(job, chosen, share)
+    if data.draw(st.booleans()):
+        ask = replace(ask, training=replace(ask.training, n_micro=None))
+    alone = _plan_or_none(ask, math.inf)
+    if alone is None:
+        return  # the islands cannot hold the model: nothing to compare
+    upper = alone.iteration_time_s * data.draw(st.sampled_from([0.97, 1.0, 1.001, 1.05]))
+    memo = MemoParallelizer(AnalyticParallelizer(job.planner.features))
+    with_cut = _plan_or_none_with(ask, upper, memo)
+    again = _plan_or_none_with(ask, upper, memo)  # the floors now come from the memo
+    original = search_module.floor_cuts
+    search_module.floor_cuts = lambda *args: False
+    try:
+        without = _plan_or_none(ask, upper)
+    finally:
+        search_module.floor_cuts = original
+    for got in (with_cut, again):
+        assert (got is None) == (without is None)
+        if got is not None:
+            assert got.iteration_time_s == without.iteration_time_s
+            assert got.stages == without.stages
+
+
+def job_islands_of(job):
+    from solver.planner.search import job_islands
+    return job_islands(job).islands
+
+
+def _plan_or_none_with(job, upper, parallelizer):
+    try:
+        return plan_job(job, upper=upper, parallelizer=parallelizer)
+    except InfeasibleError:
+        return None

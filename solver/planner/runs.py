@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from solver.compose.stage_table import GroupResult
 from solver.cost.parallelizer import (AnalyticParallelizer, FeatureSet, Parallelizer, PlanContext,
@@ -92,9 +93,10 @@ class PlanningRun:
         # A run always knows its pruning rules (a config may leave them to the job's).
         self.config = resolved(self.config, self.job)
 
-    @property
+    @cached_property
     def features(self) -> FeatureSet:
-        """The features the parallelizer may use."""
+        """The features the parallelizer may use (found once: the search reads them for every
+        entry)."""
         return FeatureSet.of(self.config.features or self.job.planner.features).meet(
             framework_features(self.job.planner.framework))
 

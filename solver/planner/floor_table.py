@@ -125,7 +125,7 @@ def _group_iterations(run: PlanningRun, group: Island) -> dict[Position, np.ndar
     ctx, model = run.cache.context, run.job.model
 
     def price() -> dict[Position, np.ndarray]:
-        cfg = _layout_configs(run, group)
+        cfg = _layout_configs(run, _group_layouts(run, group))
         lengths = np.arange(1, model.layers + 1)
         return {pos: _step_down(np.concatenate([[0.0], least_iterations(
             model, group, ctx.seq_len, cfg, lengths, pos in (Position.FIRST, Position.ONLY),
@@ -145,25 +145,30 @@ def _remembered(run: PlanningRun, group: Island, what: str, price):
 def _price_group_floors(run: PlanningRun, group: Island, nodes: int) -> GroupFloors:
     """:func:`_group_floors`, computed."""
     ctx, n, job = run.cache.context, run.n_micro, run.job
+    layouts = _group_layouts(run, group)
     layer, head = kernel_floor(job, group, nodes, kernel_calibration(run.cache.parallelizer),
-                               gemm_shapes(run, group))
+                               gemm_shapes(run, layouts))
     calib = stage_calibration(run.cache.parallelizer)
     if calib is None:
         return GroupFloors((layer / n, head / n))
-    least = least_latencies(job.model, group, ctx.seq_len, _layout_configs(run, group), calib,
+    least = least_latencies(job.model, group, ctx.seq_len, _layout_configs(run, layouts), calib,
                             ctx.runtime)
     # The stage sums the same terms in another order: a margin far above rounding keeps the
     # floor below every option.
     return GroupFloors((layer / n, head / n), tuple(x * (1 - ROUNDING) for x in least))
 
 
-def _layout_configs(run: PlanningRun, group: Island) -> ConfigArrays:
-    """Every layout a stage on ``group`` may use at the run's micro-batch, at every ZeRO stage
-    the run's features name (and 0; more stages only lower the floors), without
-    recomputation or offload."""
-    ctx = run.cache.context
-    layouts = np.array(_layouts(ModelSlice(run.job.model, 1), group, ctx, run.features),
-                       dtype=np.int64).reshape(-1, 5)
+def _group_layouts(run: PlanningRun, group: Island) -> np.ndarray:
+    """``(tp, cp, pp, dp, ep)`` rows of every layout a stage on ``group`` may use at the run's
+    micro-batch: every layout the parallelizer enumerates there (stages never pipeline inside,
+    and the framework's and the user's limits only remove layouts)."""
+    return np.array(_layouts(ModelSlice(run.job.model, 1), group, run.cache.context,
+                             run.features), dtype=np.int64).reshape(-1, 5)
+
+
+def _layout_configs(run: PlanningRun, layouts: np.ndarray) -> ConfigArrays:
+    """The ``layouts`` (:func:`_group_layouts`) at every ZeRO stage the run's features name
+    (and 0; more stages only lower the floors), without recomputation or offload."""
     stages = np.asarray(sorted(set(run.features.zero) | {0}), dtype=np.int64)
     rows = np.repeat(layouts, stages.size, axis=0)
     tp, cp, _, dp, ep = rows.T
@@ -171,18 +176,14 @@ def _layout_configs(run: PlanningRun, group: Island) -> ConfigArrays:
     return ConfigArrays(tp=tp, cp=cp, ep=ep, pp=np.ones_like(tp), dp=dp,
                         zero=np.where(dp * cp > 1, np.tile(stages, len(layouts)), 0),
                         recompute=nothing, offload=nothing.astype(bool),
-                        micro_batch=ctx.micro_batch // np.maximum(dp, 1))
+                        micro_batch=run.cache.context.micro_batch // np.maximum(dp, 1))
 
 
-def gemm_shapes(run: PlanningRun, group: Island) -> tuple[np.ndarray, np.ndarray]:
+def gemm_shapes(run: PlanningRun, layouts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """GEMM rows (a rank's tokens per micro-batch, ``b s / cp``) and tensor-parallel degree
-    of every layout a stage on ``group`` may use at the run's micro-batch: every layout the
-    parallelizer enumerates there (stages never pipeline inside, and the framework's and the
-    user's limits only remove layouts)."""
+    of each of ``layouts`` (:func:`_group_layouts`)."""
     ctx = run.cache.context
-    layouts = np.array(_layouts(ModelSlice(run.job.model, 1), group, ctx, run.features),
-                       dtype=float).reshape(-1, 5)
-    tp, cp, dp = layouts[:, 0], layouts[:, 1], layouts[:, 3]
+    tp, cp, dp = (layouts[:, i].astype(float) for i in (0, 1, 3))
     return (ctx.micro_batch // dp) * ctx.seq_len / cp, tp
 
 

@@ -12,7 +12,8 @@ How (exact). The per-iteration term is handled by a descending sweep over an ite
 alone reaches the best total). For a fixed ``V`` the pipeline time ``(n − 1)·M + S`` is handled
 by the bottleneck cap ``C`` of :mod:`solver.compose.dp`: one pass gives ``S(C)``, the least sum
 over plans whose every stage and link is ``<= C``; ``S`` never increases with ``C``, so a
-branch-and-bound over the sorted caps above a lower bound on the bottleneck, bisecting each
+branch-and-bound over the sorted caps above a lower bound on the bottleneck
+(:mod:`solver.compose.group_bounds`), bisecting each
 interval at its middle value and pruned with a lower bound on ``S``, finds the optimum. Every
 plan found is kept: it is a plan under any larger caps too, so its sum is where a later pass's
 first trial budget can start.
@@ -54,10 +55,10 @@ from typing import Callable
 
 import numpy as np
 
-from solver.compose.group_pass import (_INF, MAX_GROUP_ISLANDS, Mode, _backtrack, _cover,
+from solver.compose.group_pass import (_INF, MAX_GROUP_ISLANDS, Mode, _backtrack,
                                        _decode, _Kernels, _kernels, _Prep, _prepare, _run_pass,
                                        level_in_flight)
-from solver.compose.group_kernel import knapsack_layers
+from solver.compose.group_bounds import LeastStages, Slots
 from solver.compose.stage_table import GroupRestrictions, GroupResult, StageTable, group_objective
 
 Live = Callable[[], float]  # the current bar of a search whose incumbent may fall as it runs
@@ -78,70 +79,6 @@ def _cap_values(prep: _Prep, kern: _Kernels, floor: float) -> np.ndarray:
     vals = np.concatenate([kern.tau[np.isfinite(kern.tau)], prep.link[np.isfinite(prep.link)]])
     allv = np.unique(vals)
     return allv[allv >= floor]
-
-
-def _capacity_floor(prep: _Prep, kern: _Kernels, values: np.ndarray) -> float:
-    """A lower bound on the bottleneck: the least cap ``C`` under which the islands could hold
-    all ``L`` layers at all, each group's longest slice within ``C`` at any position with one
-    micro-batch in flight (a stage of a real plan is no shorter-lived) and each island's groups
-    within its nodes (an unbounded knapsack per island). ``inf`` if no cap is enough."""
-    big_l = prep.table.layers
-    best = np.where(np.isfinite(kern.tau[:, :, :, 0, :]), kern.tau[:, :, :, 0, :], _INF).min(axis=2)
-    lengths = np.arange(big_l + 1)
-
-    def layers_under(cap: float) -> int:
-        total = 0
-        for k in range(len(prep.units)):
-            longest = [int(lengths[best[k, gi] <= cap].max(initial=0))
-                       for gi in range(int(prep.ngroups[k]))]
-            total += _knapsack(int(prep.units[k]), prep.gu[k, :prep.ngroups[k]], longest,
-                               prep.depth)
-        return total
-
-    lo, hi = 0, values.size - 1
-    if values.size == 0 or layers_under(float(values[hi])) < big_l:
-        return _INF
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if layers_under(float(values[mid])) >= big_l:
-            hi = mid
-        else:
-            lo = mid + 1
-    return float(values[lo])
-
-
-def _raise_floor(prep: _Prep, kern: _Kernels, values: np.ndarray, floor: float,
-                 t_budget: float) -> float:
-    """A higher bottleneck floor: no plan whose bottleneck ``m`` has ``(n−1)·floor +
-    F_m(L) >= t_budget`` can beat ``t_budget`` (``F_m`` the cover bound of stages within
-    ``m``, non-increasing in ``m``); repeated while the floor rises. ``inf``: nothing can."""
-    n, big_l = prep.table.n_micro, prep.table.layers
-    for _ in range(4):
-        def useless(i: int) -> bool:
-            cap = float(values[i])
-            return (n - 1) * floor + _cover(prep, kern, None, cap)[big_l] >= t_budget
-        lo, hi = int(np.searchsorted(values, floor)), values.size
-        if lo >= hi:
-            return _INF
-        while lo < hi:  # first index that is not useless
-            mid = (lo + hi) // 2
-            if useless(mid):
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo >= values.size:
-            return _INF
-        if values[lo] <= floor:
-            return floor
-        floor = float(values[lo])
-    return floor
-
-
-def _knapsack(units: int, sizes, value, most: int) -> int:
-    """Most layers of stages whose group sizes (node granules) add up to at most ``units``."""
-    got = knapsack_layers(units, np.asarray(sizes, dtype=np.int64),
-                          np.asarray(value, dtype=np.int64))
-    return min(int(got), most * max(value, default=0))
 
 
 def _rate_floor(kern: _Kernels) -> float:
@@ -207,9 +144,8 @@ def _search_caps(prep: _Prep, vcap: float, t_budget: float = _INF, known: list |
     kern = _kernels(prep, vcap)
     rate = _rate_floor(kern)
     values = _cap_values(prep, kern, 0.0)
-    floor = _capacity_floor(prep, kern, values)
-    if np.isfinite(floor) and np.isfinite(t_budget):
-        floor = _raise_floor(prep, kern, values, floor, t_budget)
+    floor = LeastStages(kern.tmin, Slots(prep.gu, prep.ngroups, prep.units, prep.depth),
+                        values).bottleneck_floor(n, t_budget)
     s_lb = max(floor, rate * prep.table.layers)
     if not np.isfinite(floor) or (n - 1) * floor + s_lb >= t_budget:
         return None

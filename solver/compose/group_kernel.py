@@ -42,21 +42,6 @@ def level_latencies(lat: np.ndarray, it: np.ndarray, cap: np.ndarray, vcap: floa
 
 
 @njit(cache=True)
-def knapsack_layers(units: int, sizes: np.ndarray, value: np.ndarray) -> int:
-    """Most of ``value`` (layers per group) that groups of ``sizes`` granules, each any
-    number of times, give within ``units`` granules (an unbounded knapsack)."""
-    best = np.zeros(units + 1, dtype=np.int64)
-    for u in range(1, units + 1):
-        top = best[u - 1]
-        for i in range(sizes.size):
-            g = sizes[i]
-            if 0 < g <= u and best[u - g] + value[i] > top:
-                top = best[u - g] + value[i]
-        best[u] = top
-    return best[units]
-
-
-@njit(cache=True)
 def _comb(a: float, b: float, sum_mode: bool) -> float:
     return a + b if sum_mode else max(a, b)
 
@@ -345,53 +330,3 @@ def reset_rows(x: np.ndarray, live: np.ndarray) -> None:
                 if live[k, mi, u]:
                     x[k, mi, u] = np.inf
                     live[k, mi, u] = 0
-
-
-@njit(cache=True)
-def cover_costs(tmin: np.ndarray, gu: np.ndarray, ngroups: np.ndarray, units: np.ndarray,
-                cap: float) -> np.ndarray:
-    """``F[l]``: a lower bound on the summed latency of any set of stages covering ``l`` layers
-    with every stage within ``cap``: each island's groups within its nodes, each stage at its
-    cheapest position with one micro-batch in flight (``tmin[k, g, d]``), islands not ordered,
-    no links.
-
-    Every plan's stages covering some ``l`` layers cost at least ``F[l]``: a per-island
-    knapsack over (nodes, layers), then a min-plus combination over the islands.
-    """
-    big_k = gu.shape[0]
-    width = tmin.shape[2]
-    total = np.full(width, np.inf)
-    total[0] = 0.0
-    for k in range(big_k):
-        top = np.zeros(ngroups[k], dtype=np.int64)
-        for gi in range(ngroups[k]):
-            for d in range(width):
-                if tmin[k, gi, d] <= cap:
-                    top[gi] = d
-        f = np.full((units[k] + 1, width), np.inf)
-        f[0, 0] = 0.0
-        best_k = np.full(width, np.inf)
-        for u in range(units[k] + 1):
-            for l in range(width):
-                base = f[u, l]
-                if base == np.inf:
-                    continue
-                if base < best_k[l]:
-                    best_k[l] = base
-                for gi in range(ngroups[k]):
-                    g = gu[k, gi]
-                    if u + g > units[k]:
-                        continue
-                    for d in range(1, min(top[gi], width - 1 - l) + 1):
-                        t = tmin[k, gi, d]
-                        if t <= cap and base + t < f[u + g, l + d]:
-                            f[u + g, l + d] = base + t
-        merged = np.full(width, np.inf)
-        for a in range(width):
-            if total[a] == np.inf:
-                continue
-            for b in range(width - a):
-                if best_k[b] != np.inf and total[a] + best_k[b] < merged[a + b]:
-                    merged[a + b] = total[a] + best_k[b]
-        total = merged
-    return total

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solver.compose.group_kernel import (cover_costs, drop_dominated, level_latencies, level_step,
-                                         prune_rows, reset_rows)
+from solver.compose.group_bounds import cover_costs
+from solver.compose.group_kernel import (drop_dominated, level_latencies, level_step, prune_rows,
+                                         reset_rows)
 from solver.compose.result import TooLargeError
 from solver.compose.stage_table import GroupRestrictions, GroupStage, StageTable, in_flight_counts
 from solver.compose.table import Position, slice_position
@@ -173,7 +174,7 @@ def _kernels(prep: _Prep, vcap: float) -> _Kernels:
 
 def _cover(prep: _Prep, kern: _Kernels, dmax: np.ndarray, cap: float) -> np.ndarray:
     """``F[l]``: least summed latency of stages within ``cap`` covering ``l`` layers
-    (:func:`~solver.compose.group_kernel.cover_costs`; a lower bound for every plan)."""
+    (:func:`~solver.compose.group_bounds.cover_costs`; a lower bound for every plan)."""
     return cover_costs(kern.tmin, prep.gu, prep.ngroups, prep.units, cap)
 
 

@@ -7,7 +7,10 @@ front group, layers covered) and its row marks ``live[k, mi, u]``.
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from solver.compose.group_bounds import cover_costs, cover_costs_linear
 from solver.compose.group_kernel import drop_dominated, prune_rows, reset_rows
 
 INF = np.inf
@@ -48,3 +51,41 @@ def test_prune_unmarks_emptied_rows_and_reset_restores_inf():
     assert x[0, 0, 1, 0].tolist() == [3, INF, INF] and np.isinf(x[0, 0, 2]).all()
     reset_rows(x, live)
     assert np.isinf(x).all() and not live.any()
+
+
+def _linear_table(per_layer: np.ndarray, layers: int) -> np.ndarray:
+    d = np.arange(layers + 1)
+    with np.errstate(invalid="ignore"):
+        return np.where(d > 0, per_layer[:, :, None] * d, INF)
+
+
+def test_the_linear_cover_by_hand():
+    # One island of 4 granules; groups of 1 granule (2 s a layer) and 2 granules (1 s a layer);
+    # 4 layers. Within a cap of 2 s a 2-granule stage holds 2 layers, so two of them cover all
+    # 4 for 4 s; within 1 s each holds 1: two stages cover 2 layers for 2 s, no more fit.
+    per_layer = np.array([[2.0, 1.0]])
+    gu, ng, units = np.array([[1, 2]]), np.array([2]), np.array([4])
+    at_two = cover_costs_linear(per_layer, gu, ng, units, 4, 2.0)
+    assert at_two.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    at_one = cover_costs_linear(per_layer, gu, ng, units, 4, 1.0)
+    assert at_one.tolist() == [0.0, 1.0, 2.0, INF, INF]
+    assert at_two.tolist() == cover_costs(_linear_table(per_layer, 4), gu, ng, units, 2.0).tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_the_linear_cover_equals_the_general_one(seed):
+    """Seeded random islands, groups and caps: the sliding-window kernel gives the general
+    knapsack's values (up to rounding) and the same uncoverable lengths."""
+    rng = np.random.default_rng(seed)
+    big_k, big_g, layers = int(rng.integers(1, 4)), int(rng.integers(1, 5)), int(rng.integers(1, 30))
+    per_layer = rng.uniform(0.5, 3.0, (big_k, big_g))
+    ngroups = rng.integers(1, big_g + 1, big_k)
+    for k in range(big_k):
+        per_layer[k, ngroups[k]:] = INF
+    gu, units = rng.integers(1, 5, (big_k, big_g)), rng.integers(0, 12, big_k)
+    cap = float(rng.uniform(0.5, 3.0 * layers))
+    want = cover_costs(_linear_table(per_layer, layers), gu, ngroups, units, cap)
+    got = cover_costs_linear(per_layer, gu, ngroups, units, layers, cap)
+    assert np.array_equal(np.isinf(want), np.isinf(got))
+    assert np.allclose(want[np.isfinite(want)], got[np.isfinite(got)], rtol=1e-12, atol=0)

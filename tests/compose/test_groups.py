@@ -17,6 +17,7 @@ from formulations.groups_cpsat import solve_groups_cpsat
 from formulations.groups_milp import solve_groups_milp
 from solver.compose.dp import compose_dp
 from solver.compose.group_brute import compose_groups_brute
+from solver.compose.group_bounds import least_stages
 from solver.compose.group_dp import beats, compose_groups_dp
 from solver.compose.stage_table import (UNLIMITED, GroupRestrictions, GroupStage, IslandSlots,
                                         Options, StageTable, group_objective, group_problems,
@@ -320,3 +321,57 @@ def test_beats_answers_whether_a_plan_is_under_the_bar_as_brute_force_does(case,
     for bar in (brute.objective * ratio, brute.objective * (1 + 1e-9),
                 brute.objective * (1 - 1e-9)):
         assert beats(table, restr, overlap, bar) == (brute.objective < bar), bar
+
+
+def test_least_stages_by_hand():
+    # One island of 4 nodes; stages of d layers take 2d s on 1 node, d s on 2 nodes; 4 layers,
+    # n = 3, no links. Two 2-node stages of 2 layers: T = 2·2 + 4 = 8 (one 4-layer stage: 12;
+    # four 1-node stages: 2·2 + 8 = 12; 2 + 1 + 1 layers: 2·2 + 6 = 10). The bounds: no cap
+    # below 2 s holds 4 layers, and within 2 s covering them takes 4 s: T >= 2·2 + 4 = 8.
+    rows = {(g, pos): {d: [(d * (2.0 if g == 1 else 1.0), 0.0, UNLIMITED)]
+                       for d in range(1, 5)} for g in (1, 2) for pos in POSITIONS}
+    assert compose_groups_dp(one_island(4, 4, rows, n=3)).objective == pytest.approx(8.0)
+    stages = least_stages(np.array([[2.0, 1.0]]), np.array([[1, 2]]), np.array([2]),
+                          np.array([4]), 4)
+    assert stages.capacity_floor() == 2.0
+    assert not stages.might_beat(3, 8.0)  # nothing is under 8
+    assert stages.might_beat(3, 8.0 + 1e-9)
+    assert stages.might_beat(1, 4.0 + 1e-9) and not stages.might_beat(1, 4.0)  # n = 1: S alone
+
+
+def _least_of(table: StageTable):
+    """:func:`least_stages` of ``table``: each group's least latency per layer over every
+    option, position and length (``d`` times it is at most every entry of length ``d``)."""
+    big_k, wide = len(table.islands), max(len(i.groups) for i in table.islands)
+    per_layer, gu = np.full((big_k, wide), math.inf), np.zeros((big_k, wide), dtype=np.int64)
+    units = np.zeros(big_k, dtype=np.int64)
+    for k, isl in enumerate(table.islands):
+        unit = math.gcd(*isl.groups)
+        units[k] = isl.nodes // unit
+        for gi, g in enumerate(isl.groups):
+            gu[k, gi] = g // unit
+            for (kk, gg, _), o in table.options.items():
+                if (kk, gg) == (k, g):
+                    d = np.arange(table.layers + 1)[:, None]
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        per = np.where(d > 0, o.latency / d, math.inf)
+                    per_layer[k, gi] = min(per_layer[k, gi], float(per.min()))
+    ngroups = np.array([len(i.groups) for i in table.islands], dtype=np.int64)
+    return least_stages(per_layer, gu, ngroups, units, table.layers)
+
+
+@settings(max_examples=200, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(stage_tables(), st.booleans(), st.floats(0.5, 1.5))
+def test_least_stages_never_rule_out_a_plan_under_the_bar(case, overlap, ratio):
+    """Random tables relaxed to their least latency per layer (no positions, capacities,
+    per-iteration times, links or restrictions): whenever the relaxed bounds say nothing
+    beats a bar, the brute force's optimum is not under it."""
+    table, restr = case
+    brute = compose_groups_brute(table, restr, overlap)
+    if brute.objective is None:
+        return
+    stages = _least_of(table)
+    for bar in (brute.objective * ratio, brute.objective * (1 + 1e-9)):
+        if not stages.might_beat(table.n_micro, bar):
+            assert brute.objective >= bar * (1 - 1e-12), bar

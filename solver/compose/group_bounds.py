@@ -1,0 +1,289 @@
+"""The bounds the node-group DP cuts with before any pass, on stages known only by their least
+latencies (:class:`LeastStages`), and their compiled kernels.
+
+* the capacity floor: the least bottleneck under which the islands' groups can hold every
+  layer at all (an unbounded knapsack per island, :func:`knapsack_layers`);
+* the cover bound ``F_m(L)``: the least summed latency of stages within a bottleneck ``m``
+  covering every layer (:func:`cover_costs`; :func:`cover_costs_linear` where a stage's
+  latency is linear in its length), which raises the floor against a bar.
+
+:func:`~solver.compose.group_dp.compose_groups_dp` computes them on each table it composes;
+the floor table's relaxed check (:mod:`solver.planner.floor_table`) on a table of one latency
+per layer and group, kept across ``n_micro`` and bars.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+__all__ = ["Slots", "LeastStages", "least_stages", "knapsack_layers", "cover_costs",
+           "cover_costs_linear"]
+
+_INF = float("inf")
+
+
+@njit(cache=True)
+def knapsack_layers(units: int, sizes: np.ndarray, value: np.ndarray) -> int:
+    """Most of ``value`` (layers per group) that groups of ``sizes`` granules, each any
+    number of times, give within ``units`` granules (an unbounded knapsack)."""
+    best = np.zeros(units + 1, dtype=np.int64)
+    for u in range(1, units + 1):
+        top = best[u - 1]
+        for i in range(sizes.size):
+            g = sizes[i]
+            if 0 < g <= u and best[u - g] + value[i] > top:
+                top = best[u - g] + value[i]
+        best[u] = top
+    return best[units]
+
+
+@njit(cache=True)
+def cover_costs(tmin: np.ndarray, gu: np.ndarray, ngroups: np.ndarray, units: np.ndarray,
+                cap: float) -> np.ndarray:
+    """``F[l]``: a lower bound on the summed latency of any set of stages covering ``l`` layers
+    with every stage within ``cap``: each island's groups within its nodes, each stage at its
+    cheapest position with one micro-batch in flight (``tmin[k, g, d]``), islands not ordered,
+    no links.
+
+    Every plan's stages covering some ``l`` layers cost at least ``F[l]``: a per-island
+    knapsack over (nodes, layers), then a min-plus combination over the islands.
+    """
+    big_k = gu.shape[0]
+    width = tmin.shape[2]
+    total = np.full(width, np.inf)
+    total[0] = 0.0
+    for k in range(big_k):
+        top = np.zeros(ngroups[k], dtype=np.int64)
+        for gi in range(ngroups[k]):
+            for d in range(width):
+                if tmin[k, gi, d] <= cap:
+                    top[gi] = d
+        f = np.full((units[k] + 1, width), np.inf)
+        f[0, 0] = 0.0
+        best_k = np.full(width, np.inf)
+        for u in range(units[k] + 1):
+            for l in range(width):
+                base = f[u, l]
+                if base == np.inf:
+                    continue
+                if base < best_k[l]:
+                    best_k[l] = base
+                for gi in range(ngroups[k]):
+                    g = gu[k, gi]
+                    if u + g > units[k]:
+                        continue
+                    for d in range(1, min(top[gi], width - 1 - l) + 1):
+                        t = tmin[k, gi, d]
+                        if t <= cap and base + t < f[u + g, l + d]:
+                            f[u + g, l + d] = base + t
+        merged = np.full(width, np.inf)
+        for a in range(width):
+            if total[a] == np.inf:
+                continue
+            for b in range(width - a):
+                if best_k[b] != np.inf and total[a] + best_k[b] < merged[a + b]:
+                    merged[a + b] = total[a] + best_k[b]
+        total = merged
+    return total
+
+
+@njit(cache=True)
+def cover_costs_linear(per_layer: np.ndarray, gu: np.ndarray, ngroups: np.ndarray,
+                       units: np.ndarray, layers: int, cap: float) -> np.ndarray:
+    """:func:`cover_costs` of stages whose latency is linear in their length,
+    ``tmin[k, g, d] = d · per_layer[k, g]``, in ``O(U · G · L)`` per island instead of
+    ``O(U · G · L²)``: a stage of group ``g`` added to the states of ``u`` nodes reaches ``l'``
+    layers at ``min over l' − D <= l < l'`` of ``f[u, l] + (l' − l) · a``, ``D`` its longest
+    slice within ``cap``, which is ``l' · a`` plus a sliding-window minimum of
+    ``f[u, l] − l · a`` (a monotone queue). The same values up to rounding."""
+    big_k = gu.shape[0]
+    width = layers + 1
+    total = np.full(width, np.inf)
+    total[0] = 0.0
+    queue = np.empty(width, dtype=np.int64)
+    shifted = np.empty(width)
+    for k in range(big_k):
+        top = np.zeros(ngroups[k], dtype=np.int64)
+        for gi in range(ngroups[k]):
+            for d in range(1, width):
+                if d * per_layer[k, gi] <= cap:
+                    top[gi] = d
+        f = np.full((units[k] + 1, width), np.inf)
+        f[0, 0] = 0.0
+        best_k = np.full(width, np.inf)
+        for u in range(units[k] + 1):
+            for l in range(width):
+                if f[u, l] < best_k[l]:
+                    best_k[l] = f[u, l]
+            for gi in range(ngroups[k]):
+                g, a, most = gu[k, gi], per_layer[k, gi], top[gi]
+                if u + g > units[k] or most == 0:
+                    continue
+                head, tail = 0, 0
+                for lp in range(1, width):
+                    l = lp - 1  # enters the window [lp − most, lp − 1]
+                    if f[u, l] < np.inf:
+                        shifted[l] = f[u, l] - l * a
+                        while tail > head and shifted[queue[tail - 1]] >= shifted[l]:
+                            tail -= 1
+                        queue[tail] = l
+                        tail += 1
+                    while tail > head and queue[head] < lp - most:
+                        head += 1
+                    if tail > head:
+                        best = queue[head]
+                        c = f[u, best] + (lp - best) * a
+                        if c < f[u + g, lp]:
+                            f[u + g, lp] = c
+        merged = np.full(width, np.inf)
+        for a2 in range(width):
+            if total[a2] == np.inf:
+                continue
+            for b in range(width - a2):
+                if best_k[b] != np.inf and total[a2] + best_k[b] < merged[a2 + b]:
+                    merged[a2 + b] = total[a2] + best_k[b]
+        total = merged
+    return total
+
+
+@dataclass(frozen=True)
+class Slots:
+    """The islands' node granules as the bounds see them: ``gu[k, g]`` granules of group ``g``
+    of island ``k`` (``ngroups[k]`` of them), ``units[k]`` granules of island ``k`` and at most
+    ``depth`` stages."""
+
+    gu: np.ndarray
+    ngroups: np.ndarray
+    units: np.ndarray
+    depth: int
+
+
+class LeastStages:
+    """Stages known only by their least latencies, and the bounds the group DP cuts with before
+    its first pass (:func:`~solver.compose.group_dp.compose_groups_dp`), computed once for many
+    ``(n_micro, bar)``.
+
+    ``tmin[k, g, d]``: no stage of ``d`` layers on group ``g`` of island ``k`` is faster, at
+    any position and with any micro-batches in flight (``inf``: no such stage); ``slots``: the
+    groups' and islands' node granules; ``values``: the caps the bottleneck is searched over
+    (sorted, every finite ``tmin`` among them; default: exactly those); ``per_layer``: when
+    given, ``tmin[k, g, d] = d · per_layer[k, g]``, whose cover bounds a faster kernel computes
+    (:func:`cover_costs_linear`). The capacity floor and the cover bound at each cap depend on
+    neither ``n_micro`` nor the bar, so they are kept.
+    """
+
+    def __init__(self, tmin: np.ndarray, slots: Slots, values: np.ndarray | None = None,
+                 per_layer: np.ndarray | None = None):
+        self.tmin, self.slots, self.per_layer = tmin, slots, per_layer
+        self.values = np.unique(tmin[np.isfinite(tmin)]) if values is None else values
+        self._capacity: float | None = None
+        self._covers: dict[int, float] = {}
+
+    @property
+    def layers(self) -> int:
+        """``L``: the model's layers."""
+        return self.tmin.shape[2] - 1
+
+    def capacity_floor(self) -> float:
+        """A lower bound on the bottleneck: the least cap ``C`` under which the islands could
+        hold all ``L`` layers at all, each group's longest slice within ``C`` and each island's
+        groups within its nodes (an unbounded knapsack per island). ``inf`` if no cap is
+        enough."""
+        if self._capacity is None:
+            self._capacity = self._least_holding_cap()
+        return self._capacity
+
+    def _least_holding_cap(self) -> float:
+        tmin, slots, values, big_l = self.tmin, self.slots, self.values, self.layers
+        lengths = np.arange(big_l + 1)
+
+        def layers_under(cap: float) -> int:
+            total = 0
+            for k in range(len(slots.units)):
+                longest = [int(lengths[tmin[k, gi] <= cap].max(initial=0))
+                           for gi in range(int(slots.ngroups[k]))]
+                total += _knapsack(int(slots.units[k]), slots.gu[k, :slots.ngroups[k]],
+                                   longest, slots.depth)
+            return total
+
+        lo, hi = 0, values.size - 1
+        if values.size == 0 or layers_under(float(values[hi])) < big_l:
+            return _INF
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if layers_under(float(values[mid])) >= big_l:
+                hi = mid
+            else:
+                lo = mid + 1
+        return float(values[lo])
+
+    def covered(self, i: int) -> float:
+        """``F_m(L)`` at the cap ``m = values[i]``: the least summed latency of stages within
+        ``m`` covering all layers (:func:`cover_costs`)."""
+        got = self._covers.get(i)
+        if got is None:
+            cap, slots = float(self.values[i]), self.slots
+            got = self._covers[i] = float(
+                cover_costs(self.tmin, slots.gu, slots.ngroups, slots.units, cap)[self.layers]
+                if self.per_layer is None else
+                cover_costs_linear(self.per_layer, slots.gu, slots.ngroups, slots.units,
+                                   self.layers, cap)[self.layers])
+        return got
+
+    def bottleneck_floor(self, n: int, t_budget: float) -> float:
+        """The capacity floor, raised against ``t_budget`` when both are finite: no plan whose
+        bottleneck ``m`` has ``(n−1)·floor + F_m(L) >= t_budget`` beats ``t_budget`` (``F_m``
+        non-increasing in ``m``), repeated while the floor rises. No plan under ``t_budget``
+        has a smaller bottleneck (``inf``: there is none)."""
+        floor, values = self.capacity_floor(), self.values
+        if not (np.isfinite(floor) and np.isfinite(t_budget)):
+            return floor
+        for _ in range(4):
+            lo, hi = int(np.searchsorted(values, floor)), values.size
+            if lo >= hi:
+                return _INF
+            while lo < hi:  # the first cap that is not useless
+                mid = (lo + hi) // 2
+                if (n - 1) * floor + self.covered(mid) >= t_budget:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo >= values.size:
+                return _INF
+            if values[lo] <= floor:
+                return floor
+            floor = float(values[lo])
+        return floor
+
+    def might_beat(self, n: int, bar: float) -> bool:
+        """False when no plan of these stages beats ``bar`` seconds of pipeline: ``T >=
+        (n−1)·floor + max(floor, L · least τ/d)`` with the raised bottleneck floor. Provably
+        safe for every table whose stages take at least these latencies, on these groups or
+        fewer, within the same nodes and at most ``slots.depth`` stages."""
+        floor = self.bottleneck_floor(n, bar)
+        rate = float((self.tmin[..., 1:] / np.arange(1, self.layers + 1)).min()) \
+            if self.values.size else _INF
+        return bool(np.isfinite(floor)) and (n - 1) * floor + max(floor, rate * self.layers) < bar
+
+
+def least_stages(per_layer: np.ndarray, gu: np.ndarray, ngroups: np.ndarray,
+                 units: np.ndarray, layers: int) -> LeastStages:
+    """:class:`LeastStages` of stages of ``d`` layers at least ``d · per_layer[k, g]`` long
+    (``inf``: no group ``g`` on island ``k``), on groups of ``gu[k, :ngroups[k]]`` granules and
+    islands of ``units[k]`` granules, as many stages as the smallest groups allow."""
+    d = np.arange(layers + 1)
+    with np.errstate(invalid="ignore"):  # inf · 0 where no group: no stage of no layers
+        tmin = np.where(d > 0, per_layer[:, :, None] * d, np.inf)
+    depth = min(layers, int(sum(units[k] // gu[k, :ngroups[k]].min()
+                                for k in range(len(units)) if ngroups[k])))
+    return LeastStages(tmin, Slots(gu, ngroups, units, depth), per_layer=per_layer)
+
+
+def _knapsack(units: int, sizes, value, most: int) -> int:
+    """Most layers of stages whose group sizes (node granules) add up to at most ``units``."""
+    got = knapsack_layers(units, np.asarray(sizes, dtype=np.int64),
+                          np.asarray(value, dtype=np.int64))
+    return min(int(got), most * max(value, default=0))

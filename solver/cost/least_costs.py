@@ -23,7 +23,20 @@ from solver.cost.sync import _zero_and_sync
 from solver.cost.timing import embedding_times, head_times, layer_times
 from solver.spec.domain import Island, ModelSpec
 
-__all__ = ["least_latencies", "least_iterations"]
+__all__ = ["layer_latencies", "least_latencies", "least_iterations"]
+
+
+def layer_latencies(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigArrays,
+                    calib: Calibration = DEFAULT_CALIBRATION,
+                    runtime: Runtime = Runtime()) -> np.ndarray:
+    """Per configuration of ``cfg``, the per-micro-batch seconds, forward and backward, of one
+    layer without recomputation: no sub-stage of ``d`` layers under that layout (internal
+    pipeline stage or not, any recomputation) is faster than ``d`` times it
+    (:func:`least_latencies`)."""
+    ti = _time_inputs(model, island, seq_len, calib, runtime)
+    plain = dataclasses.replace(cfg, recompute=np.zeros_like(np.asarray(cfg.recompute)))
+    fwd, bwd = layer_times(ti, plain)
+    return fwd.total + bwd.total
 
 
 def least_latencies(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigArrays,

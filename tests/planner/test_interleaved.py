@@ -10,10 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from solver.cost.frameworks import megatron_interleaves
-from solver.cost.parallelizer import AnalyticParallelizer, prices_interleaving_above_plain
+from solver.cost.parallelizer import (AnalyticParallelizer, prices_interleaving_above_plain,
+                                      stage_calibration)
 from solver.cost.stage import ModelSlice
 from solver.islands import group_island
-from solver.planner.interleaved import _context, best_interleaved, chunk_counts, plain_floor
+from solver.planner.interleaved import (_context, best_interleaved, chunk_counts, one_mesh_floor,
+                                        plain_floor)
 from solver.planner.plan import interleaved_cycle_time
 from solver.planner.memo import MemoParallelizer
 from solver.planner.runs import cluster_islands
@@ -111,6 +113,8 @@ def test_compute_floor_is_below_every_interleaved_plan(homog):
 FLOOR_JOBS = [load_job(INSTANCES / "jobs" / f"{name}.toml") for name in
               ("homog-a100-llama2-13b", "homog-h100-llama3-70b", "odd-3h100-5a100-llama2-13b",
                "long-context-llama3-8b")]
+MOE_JOBS = [load_job(INSTANCES / "jobs" / f"{name}.toml") for name in
+            ("mixtral-a100-h100", "qwen3-h100-h200")]
 
 
 @settings(max_examples=60)
@@ -174,3 +178,40 @@ def test_plain_floor_cut_changes_no_answer_and_saves_calls(job):
             assert (cut.n_micro, cut.virtual_stages) == (full.n_micro, full.virtual_stages)
         saved += f_calls - c_calls
     assert saved > 0
+
+
+@settings(max_examples=60)
+@given(st.data())
+def test_one_mesh_floor_is_below_the_plain_floor_it_stands_for(data):
+    """The premise of the one-mesh cut, on the cost model itself: at a group, ``n`` and deepest
+    internal pipeline, the least layer latency of each layout bounds the plain-1F1B plans'
+    floor (:func:`plain_floor`) from below, MoE and long context included."""
+    job = data.draw(st.sampled_from(FLOOR_JOBS + MOE_JOBS))
+    island = data.draw(st.sampled_from(cluster_islands(job).islands))
+    nodes = data.draw(st.integers(1, min(4, len(island.nodes))))
+    n = data.draw(st.sampled_from([2, 4, 6, 8, 16, 32]))
+    per_micro = data.draw(st.sampled_from([1, 2, 4, 8, 16]))
+    job = replace(job, training=replace(job.training, global_batch=n * per_micro))
+    deepest = data.draw(st.sampled_from([2, 4, 8, job.model.layers // 2]))
+    par, group = AnalyticParallelizer(job.planner.features), group_island(island, nodes)
+    context = _context(job, job.planner.features, n, 1, nodes, island, deepest)
+    floor = one_mesh_floor(job, context, group, stage_calibration(par))
+    plain = plain_floor(job, par.plan(ModelSlice.whole(job.model), group, context), n)
+    assert floor <= plain, (floor, plain)
+    assert math.isinf(plain) or floor > 0.5 * plain  # and not vacuous
+
+
+def test_one_mesh_cut_changes_no_answer(monkeypatch):
+    """The family with the one-mesh cut and without it (the plain-floor cut on in both)."""
+    import solver.planner.interleaved as interleaved
+    job = FLOOR_JOBS[1]
+    par = AnalyticParallelizer(job.planner.features)
+    views = [(cluster_islands(job), "islands")]
+    bar = plan_job(job).iteration_time_s * 1.05
+    cut, c_calls = best_interleaved(job, job.planner.features, [4, 8, 16], par, bar, views)
+    monkeypatch.setattr(interleaved, "one_mesh_floor", lambda *args: 0.0)
+    full, f_calls = best_interleaved(job, job.planner.features, [4, 8, 16], par, bar, views)
+    assert (cut is None) == (full is None) and c_calls < f_calls
+    if cut is not None:
+        assert cut.iteration_time_s == full.iteration_time_s
+        assert (cut.n_micro, cut.virtual_stages) == (full.n_micro, full.virtual_stages)

@@ -64,7 +64,7 @@ from solver.planner.floors import kernel_floor
 from solver.planner.runs import PlanningRun
 from solver.spec.domain import Island
 
-__all__ = ["GroupFloors", "gemm_shapes", "floor_table", "floor_cuts"]
+__all__ = ["GroupFloors", "gemm_shapes", "floor_table", "relaxed_cuts", "floor_cuts"]
 
 ROUNDING = 1e-9  # relative margin below the cost model's own sums
 ITERATION_STEP = 1.1  # per-iteration floors are rounded down to its powers
@@ -239,13 +239,13 @@ def floor_table(run: PlanningRun, spec: TableSpec, rate: np.ndarray,
     return StageTable(layers, n, tuple(slots), options, rate[np.ix_(kept, kept)])
 
 
-def _least_stages(run: PlanningRun, spec: TableSpec) -> LeastStages | None:
-    """The relaxed floor table of :func:`_relaxed_cuts` (None: no island admits a group):
+def _least_stages(run: PlanningRun, spec: TableSpec | None) -> LeastStages | None:
+    """The relaxed floor table of :func:`relaxed_cuts` (None: no island admits a group):
     ``tmin[k, g, d] = d · a_{k,g}``, ``a`` a layer's latency floor on group ``g`` of island
     ``k`` (:attr:`GroupFloors.layer`), every length, with the groups in node granules. It
     depends on the micro-batch, not on ``n_micro`` or the bar, so a parallelizer that
     remembers keeps it, with the bounds computed on it, for every share and ``n_micro``."""
-    sizes = {i.name: spec.groups[i.name] if spec.groups is not None else
+    sizes = {i.name: spec.groups[i.name] if spec is not None and spec.groups is not None else
              run.cache.sizes(i.name, run.features) for i in run.islands.islands}
     sizes = {name: got for name, got in sizes.items() if got}
     if not sizes:
@@ -274,12 +274,13 @@ def _price_least_stages(run: PlanningRun, sizes: dict[str, tuple[int, ...]]) -> 
                         np.array([r[0] for r in rows], dtype=np.int64), run.job.model.layers)
 
 
-def _relaxed_cuts(run: PlanningRun, spec: TableSpec, bar: float) -> bool:
+def relaxed_cuts(run: PlanningRun, bar: float, spec: TableSpec | None = None) -> bool:
     """Whether the relaxed floor table (:func:`_least_stages`: no length rules, no head or
     embedding terms, no links, every group size) has no plan under ``bar``, by the group DP's
     bounds before any pass (:meth:`~solver.compose.group_bounds.LeastStages.might_beat`). Provably
     safe: every plan of the floor table is one of it, no faster. It settles most tables that
-    cannot beat the bar without building them."""
+    cannot beat the bar without building them; ``spec`` None: the run's own group sizes (a
+    search asks before it builds its spec, :func:`~solver.planner.search.plan_job`)."""
     stages = _least_stages(run, spec)
     return stages is None or not stages.might_beat(run.n_micro, bar)
 
@@ -291,7 +292,7 @@ def floor_cuts(run: PlanningRun, spec: TableSpec, restrictions: GroupRestriction
     says why). False when ``bar`` is infinite, or the table is too large for the group DP."""
     if not math.isfinite(bar):
         return False
-    if _relaxed_cuts(run, spec, bar):
+    if relaxed_cuts(run, bar, spec):
         return True
     overlap = run.job.planner.overlap
     # The latencies alone settle most tables; the per-iteration floors, priced only then,

@@ -30,7 +30,7 @@ from solver.cost.stage_costs import PipelineSetting, stage_costs
 from solver.islands import IslandSet, group_island, node_key
 from solver.planner.candidates import TableSpec, build_stage_table, candidate_n_micro
 from solver.planner.fanout import SharedBest, fan_out
-from solver.planner.floor_table import floor_cuts
+from solver.planner.floor_table import floor_cuts, relaxed_cuts
 from solver.planner.floors import pipeline_floor, usable_nodes
 from solver.planner.interleaved import best_interleaved
 from solver.planner.plan import Plan, SolverInfo, StagePlan
@@ -155,9 +155,11 @@ def _plan_n(runs: list[PlanningRun], n: int, shared: SharedBest, upper: float,
 
         def live(key: tuple[int, int] = key) -> float:  # what this run must beat, now
             return _bar(shared.get(), key, upper)
-        bar = live()
-        found = search(r, bar, live, floor_cut=math.isfinite(upper)) \
-            if plain and view_floor(r) < bar else None
+        bar, cut = live(), math.isfinite(upper)
+        # Against a bound (a replica's budget) the relaxed floor settles most runs before the
+        # search builds its rules' windows (floor_table.relaxed_cuts; compose checks again).
+        found = search(r, bar, live, floor_cut=cut) \
+            if plain and view_floor(r) < bar and not (cut and relaxed_cuts(r, bar)) else None
         calls += r.cache.calls
         proven = proven and (found is None or found.optimal)
         if found is None or not found.result.feasible or not found.total < bar:

@@ -148,6 +148,7 @@ def test_replica_asks_plan_the_same_with_and_without_the_cut(monkeypatch, island
     upper = alone * factor
     with_cut = _plan_or_none(ask, upper)
     monkeypatch.setattr(search_module, "floor_cuts", lambda *args: False)
+    monkeypatch.setattr(search_module, "relaxed_cuts", lambda *args: False)
     without = _plan_or_none(ask, upper)
     assert (with_cut is None) == (without is None) == (factor <= 1.0)
     if with_cut is not None:
@@ -222,12 +223,12 @@ def test_random_asks_plan_the_same_with_and_without_the_cut(name, data):
     memo = MemoParallelizer(AnalyticParallelizer(job.planner.features))
     with_cut = _plan_or_none_with(ask, upper, memo)
     again = _plan_or_none_with(ask, upper, memo)  # the floors now come from the memo
-    original = search_module.floor_cuts
-    search_module.floor_cuts = lambda *args: False
+    originals = search_module.floor_cuts, search_module.relaxed_cuts
+    search_module.floor_cuts = search_module.relaxed_cuts = lambda *args: False
     try:
         without = _plan_or_none(ask, upper)
     finally:
-        search_module.floor_cuts = original
+        search_module.floor_cuts, search_module.relaxed_cuts = originals
     for got in (with_cut, again):
         assert (got is None) == (without is None)
         if got is not None:
@@ -251,7 +252,7 @@ def _plan_or_none_with(job, upper, parallelizer):
 def test_the_relaxed_cut_never_cuts_where_the_floor_table_has_a_plan(name):
     """The relaxed floor (every length, no head or embedding terms, no links) cuts only below
     the latency floor table's optimum, and it does cut there: at 0.9 times it on some view."""
-    from solver.planner.floor_table import _relaxed_cuts
+    from solver.planner.floor_table import relaxed_cuts
     cut_below = False
     for n in (2, 8):
         for run in _runs(name, n):
@@ -262,6 +263,6 @@ def test_the_relaxed_cut_never_cuts_where_the_floor_table_has_a_plan(name):
             if not got.feasible:
                 continue
             for ratio in (1 + 1e-9, 1.01, 1.5):
-                assert not _relaxed_cuts(run, spec, got.objective * ratio), (run.view, ratio)
-            cut_below = cut_below or _relaxed_cuts(run, spec, got.objective * 0.9)
+                assert not relaxed_cuts(run, got.objective * ratio, spec), (run.view, ratio)
+            cut_below = cut_below or relaxed_cuts(run, got.objective * 0.9, spec)
     assert cut_below

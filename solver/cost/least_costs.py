@@ -77,15 +77,23 @@ def least_iterations(model: ModelSpec, island: Island, seq_len: int, cfg: Config
     if m == 0:
         return np.full(lengths.shape, math.inf)
     ti = _time_inputs(model, island, seq_len, calib, runtime)
-    c = cfg.take(np.tile(np.arange(m), lengths.size))
+    rows = np.tile(np.arange(m), lengths.size)  # configuration of each (length, config) row
     d = np.repeat(lengths, m).astype(float)
     emb, head = np.asarray(has_embedding), np.asarray(has_head)
-    codes = np.asarray(c.recompute)
-    lf, _ = layer_times(ti, dataclasses.replace(c, recompute=np.zeros_like(codes)))
-    _, lb = layer_times(ti, dataclasses.replace(c, recompute=np.full_like(codes, 2)))
-    (ef, eb), (hf, hb) = embedding_times(ti, c), head_times(ti, c)
-    fwd = lf.scaled(d).plus(ef.scaled(emb)).plus(hf.scaled(head))
-    bwd = lb.scaled(d).plus(eb.scaled(emb)).plus(hb.scaled(head))
-    _, _, dp_s, optimizer = _zero_and_sync(ti, c, d, emb, head, fwd.compute,
-                                           bwd.compute + bwd.recompute)
+    codes = np.asarray(cfg.recompute)
+    # The per-micro-batch times depend on the configuration, not the length: once per
+    # configuration, then spread over the lengths (the same sums as for every row).
+    lf, _ = layer_times(ti, dataclasses.replace(cfg, recompute=np.zeros_like(codes)))
+    _, lb = layer_times(ti, dataclasses.replace(cfg, recompute=np.full_like(codes, 2)))
+    (ef, eb), (hf, hb) = embedding_times(ti, cfg), head_times(ti, cfg)
+
+    def per_row(x) -> np.ndarray:
+        return np.broadcast_to(x, (m,))[rows]
+
+    def work(layer: float, embedding: float, lm_head: float) -> np.ndarray:
+        return per_row(layer) * d + per_row(embedding) * emb + per_row(lm_head) * head
+    fwd = work(lf.compute, ef.compute, hf.compute)
+    bwd = work(lb.compute, eb.compute, hb.compute) + work(lb.recompute, eb.recompute,
+                                                          hb.recompute)
+    _, _, dp_s, optimizer = _zero_and_sync(ti, cfg.take(rows), d, emb, head, fwd, bwd)
     return (dp_s + optimizer).reshape(lengths.size, m).min(axis=1)

@@ -77,6 +77,10 @@ class Recorder:
     def kernel_calibration(self):
         return self.inner.calibration  # so its floors are the analytic model's as well
 
+    @property
+    def stage_calibration(self):
+        return self.inner.calibration  # and its stage options the cost model's (the same cuts)
+
     def plan(self, slice, island, context):
         self.calls.append((island.gpu.name, cache_key(slice, island, context, "", "").text))
         return self.inner.plan(slice, island, context)

@@ -28,17 +28,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from solver.cost.calibration import BOUNDS
 from solver.cost.efficiency import Calibration, GemmKernel
+from solver.cost.parallelizer import kernel_calibration
 from solver.cost.stage_costs import attention_flops_per_token, model_flops_per_token
 from solver.planner.pruning import precision_speedup
 from solver.spec.domain import Island, JobSpec, ModelSpec, Precision
 
-__all__ = ["kernel_floor", "compute_floor", "usable_nodes", "pipeline_floor"]
+if TYPE_CHECKING:  # annotations only (the runs are built in solver.planner.runs)
+    from solver.planner.runs import PlanningRun
+
+__all__ = ["kernel_rates", "kernel_floor", "compute_floor", "usable_nodes", "pipeline_floor",
+           "view_floor"]
 
 _UNBOUNDED_ROWS = 1e15  # a GEMM's token rows, above any micro-batch
 
@@ -69,15 +74,12 @@ def _dense_gemm_seconds(model: ModelSpec, island: Island, rate: float, ceiling: 
     return float(total.min()) if total.size else math.inf  # no layout: no stage
 
 
-def kernel_floor(job: JobSpec, island: Island, nodes: int,
-                 calib: Calibration | None = None,
-                 shapes: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[float, float]:
-    """Seconds per iteration of one Transformer layer and of the LM head on ``nodes`` nodes of
-    ``island`` at the module's rates (``calib``: the parallelizer's calibration, for the
-    size-dependent GEMM efficiency and the memory-bound operators; None: ceilings only;
-    ``shapes``: the GEMM rows and tensor-parallel degrees of the layouts a stage may use,
-    :func:`_dense_gemm_seconds`; dense models only). Provably safe for the analytic cost
-    model."""
+def kernel_rates(job: JobSpec, island: Island, calib: Calibration | None = None,
+                 shapes: tuple[np.ndarray, np.ndarray] | None = None
+                 ) -> tuple[float, float, float]:
+    """What :func:`kernel_floor` scales by the tokens each GPU works on: one layer's seconds per
+    token at the module's rates, the LM head's FLOPs per token and the GEMM rate it runs at.
+    They depend on the island's GPUs, not its size or the batch, so a caller may keep them."""
     prec, gpus, m = job.training.precision, island.gpu_types, job.model
     sixteen = island.tflops_per_gpu * 1e12
     ceiling = max(max(g.gemm_ceiling(prec), g.gemm_eff) for g in gpus)
@@ -94,6 +96,20 @@ def kernel_floor(job: JobSpec, island: Island, nodes: int,
                 - gemm / gemm_rate
         layer += 3.0 * calib.elementwise_bytes * m.hidden / (island.hbm_bw_gbs * 1e9 *
                                                              calib.hbm_eff)
+    return layer, head, gemm_rate
+
+
+def kernel_floor(job: JobSpec, island: Island, nodes: int,
+                 calib: Calibration | None = None,
+                 shapes: tuple[np.ndarray, np.ndarray] | None = None,
+                 rates: tuple[float, float, float] | None = None) -> tuple[float, float]:
+    """Seconds per iteration of one Transformer layer and of the LM head on ``nodes`` nodes of
+    ``island`` at the module's rates (``calib``: the parallelizer's calibration, for the
+    size-dependent GEMM efficiency and the memory-bound operators; None: ceilings only;
+    ``shapes``: the GEMM rows and tensor-parallel degrees of the layouts a stage may use,
+    :func:`_dense_gemm_seconds`; dense models only; ``rates``: :func:`kernel_rates` of the
+    same arguments, when known). Provably safe for the analytic cost model."""
+    layer, head, gemm_rate = rates or kernel_rates(job, island, calib, shapes)
     per_gpu = job.training.tokens / (nodes * island.gpus_per_node)
     return per_gpu * layer, per_gpu * head / gemm_rate
 
@@ -121,7 +137,8 @@ def usable_nodes(nodes: int, sizes: Sequence[int]) -> int:
 
 def pipeline_floor(job: JobSpec, islands: Sequence[Island], n: int,
                    calib: Calibration | None = None,
-                   usable: Sequence[int] | None = None) -> float:
+                   usable: Sequence[int] | None = None,
+                   rates: Sequence[tuple[float, float, float]] | None = None) -> float:
     """Seconds per iteration no plain 1F1B pipeline of ``n`` micro-batches over groups of
     ``islands`` beats (provably safe).
 
@@ -139,12 +156,51 @@ def pipeline_floor(job: JobSpec, islands: Sequence[Island], n: int,
     c_i`` over the stages gives ``n max τ >= (L + min_i h_i / c_i) / Σ_i U_i / (G_i c_i)`` (the
     layers and the head share the GPUs); every stage lies on one group of at most ``G_i``
     nodes, so ``n Σ τ >= L min c + min h``. Hence ``T >= (n − 1) · max τ + Σ τ`` is at least
-    their sum. Boundary transfers and the per-iteration terms only add to it.
+    their sum. Boundary transfers and the per-iteration terms only add to it. ``rates``: each
+    island's :func:`kernel_rates`, when the caller keeps them.
     """
-    parts = [kernel_floor(job, i, len(i.nodes), calib) for i in islands]
+    known = rates if rates is not None else [None] * len(islands)
+    parts = [kernel_floor(job, i, len(i.nodes), calib, rates=r) for i, r in zip(islands, known)]
     share = [1.0] * len(parts) if usable is None else \
         [u / len(i.nodes) for u, i in zip(usable, islands)]
     layers = job.model.layers
     spread = (layers + min(h / c for c, h in parts)) / sum(f / c for (c, _), f in zip(parts, share))
     alone = layers * min(c for c, _ in parts) + min(h for _, h in parts)
     return ((n - 1) * spread + alone) / n
+
+
+def view_floor(run: "PlanningRun") -> float:
+    """Seconds per iteration no plan of ``run``'s view beats: the fill and drain of a pipeline
+    of ``run.n_micro`` micro-batches whose kernels run at the fastest rates the run's
+    parallelizer prices them, on the groups a layout admits at the run's micro-batch
+    (:func:`pipeline_floor` over each island's largest such group and
+    the most nodes such groups cover, :func:`usable_nodes`; provably
+    safe; infinite when no island admits a group). A view whose floor is not below what a
+    run must beat is dismissed before its table is built: the whole-cluster view (its weakest
+    GPUs' figures) once a plan of the islands is known, small ``n_micro``, whose fill and
+    drain alone are too slow, and an ``n_micro`` whose micro-batch the data-parallel degrees
+    of few group sizes divide, which leaves nodes idle."""
+    largest, usable = [], []
+    for island in run.islands.islands:
+        sizes = run.cache.sizes(island.name, run.features)
+        if sizes:
+            largest.append(run.cache.group(island.name, max(sizes)))
+            usable.append(usable_nodes(len(island.nodes), sizes))
+    if not largest:
+        return math.inf
+    calib = kernel_calibration(run.cache.parallelizer)
+    return pipeline_floor(run.job, largest, run.n_micro, calib, usable,
+                          [_kernel_rates(run, group, calib) for group in largest])
+
+
+def _kernel_rates(run: "PlanningRun", group: Island, calib: Calibration | None
+                  ) -> tuple[float, float, float]:
+    """:func:`kernel_rates` of ``group``, remembered by a parallelizer
+    that remembers (the replica search's memo: every share and n_micro of an island set reads
+    the same groups' rates)."""
+    remember = getattr(run.cache.parallelizer, "remember", None)
+    if remember is None:
+        return kernel_rates(run.job, group, calib)
+    training = run.job.training
+    return remember(("kernel rates", training.seq_len, training.precision), group,
+                    lambda: kernel_rates(run.job, group, calib))

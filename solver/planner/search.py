@@ -24,14 +24,14 @@ from solver.cost.frameworks import job_runtime, profile
 from solver.compose.group_dp import Live
 from solver.compose.stage_table import GroupRestrictions
 from solver.compose.table import Position, slice_position
-from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer, kernel_calibration
+from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, stage_costs
 from solver.islands import IslandSet, group_island, node_key
 from solver.planner.candidates import TableSpec, build_stage_table, candidate_n_micro
 from solver.planner.fanout import SharedBest, fan_out
 from solver.planner.floor_table import floor_cuts, relaxed_cuts
-from solver.planner.floors import pipeline_floor, usable_nodes
+from solver.planner.floors import view_floor
 from solver.planner.interleaved import best_interleaved
 from solver.planner.plan import Plan, SolverInfo, StagePlan
 from solver.planner.reasons import explain_infeasible, idle_nodes
@@ -172,29 +172,6 @@ def _plan_n(runs: list[PlanningRun], n: int, shared: SharedBest, upper: float,
     r, found, key = kept
     return _Outcome(calls, proven, decode(r, found, 0.0, 0), key, found.total,
                     found.result.bound, found.result.gap)
-
-
-def view_floor(run: PlanningRun) -> float:
-    """Seconds per iteration no plan of ``run``'s view beats: the fill and drain of a pipeline
-    of ``run.n_micro`` micro-batches whose kernels run at the fastest rates the run's
-    parallelizer prices them, on the groups a layout admits at the run's micro-batch
-    (:func:`~solver.planner.floors.pipeline_floor` over each island's largest such group and
-    the most nodes such groups cover, :func:`~solver.planner.floors.usable_nodes`; provably
-    safe; infinite when no island admits a group). A view whose floor is not below what a
-    run must beat is dismissed before its table is built: the whole-cluster view (its weakest
-    GPUs' figures) once a plan of the islands is known, small ``n_micro``, whose fill and
-    drain alone are too slow, and an ``n_micro`` whose micro-batch the data-parallel degrees
-    of few group sizes divide, which leaves nodes idle."""
-    largest, usable = [], []
-    for island in run.islands.islands:
-        sizes = run.cache.sizes(island.name, run.features)
-        if sizes:
-            largest.append(run.cache.group(island.name, max(sizes)))
-            usable.append(usable_nodes(len(island.nodes), sizes))
-    if not largest:
-        return math.inf
-    return pipeline_floor(run.job, largest, run.n_micro,
-                          kernel_calibration(run.cache.parallelizer), usable)
 
 
 def _merge(outcomes: list[_Outcome], upper: float) -> _Outcome | None:

@@ -1,4 +1,4 @@
-"""The compute floor of a view (:func:`solver.planner.search.view_floor`): no plan beats it, so a
+"""The compute floor of a view (:func:`solver.planner.floors.view_floor`): no plan beats it, so a
 view whose floor is not below the bar is dismissed without losing a plan."""
 
 from __future__ import annotations

@@ -65,11 +65,12 @@ def test_the_linear_cover_by_hand():
     # 4 for 4 s; within 1 s each holds 1: two stages cover 2 layers for 2 s, no more fit.
     per_layer = np.array([[2.0, 1.0]])
     gu, ng, units = np.array([[1, 2]]), np.array([2]), np.array([4])
-    at_two = cover_costs_linear(per_layer, gu, ng, units, 4, 2.0)
+    table = _linear_table(per_layer, 4)
+    at_two = cover_costs_linear(table, per_layer, gu, ng, units, 2.0)
     assert at_two.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
-    at_one = cover_costs_linear(per_layer, gu, ng, units, 4, 1.0)
+    at_one = cover_costs_linear(table, per_layer, gu, ng, units, 1.0)
     assert at_one.tolist() == [0.0, 1.0, 2.0, INF, INF]
-    assert at_two.tolist() == cover_costs(_linear_table(per_layer, 4), gu, ng, units, 2.0).tolist()
+    assert at_two.tolist() == cover_costs(table, gu, ng, units, 2.0).tolist()
 
 
 @settings(max_examples=60, deadline=None)
@@ -85,7 +86,8 @@ def test_the_linear_cover_equals_the_general_one(seed):
         per_layer[k, ngroups[k]:] = INF
     gu, units = rng.integers(1, 5, (big_k, big_g)), rng.integers(0, 12, big_k)
     cap = float(rng.uniform(0.5, 3.0 * layers))
-    want = cover_costs(_linear_table(per_layer, layers), gu, ngroups, units, cap)
-    got = cover_costs_linear(per_layer, gu, ngroups, units, layers, cap)
+    table = _linear_table(per_layer, layers)
+    want = cover_costs(table, gu, ngroups, units, cap)
+    got = cover_costs_linear(table, per_layer, gu, ngroups, units, cap)
     assert np.array_equal(np.isinf(want), np.isinf(got))
     assert np.allclose(want[np.isfinite(want)], got[np.isfinite(got)], rtol=1e-12, atol=0)

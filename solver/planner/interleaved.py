@@ -18,7 +18,7 @@ and ``n_micro`` no ``v >= 2`` is priced when the group's plain-1F1B plans at tha
 already bound every interleaved one from below at or above the incumbent (:func:`plain_floor`;
 one call instead of one per ``v``); and those plain plans are not priced either when the cost
 model's least layer latency of each layout already puts that bound at or above the incumbent
-(:func:`one_mesh_floor`, a twentieth of a pricing call; ``fleet-700``'s replica search: 4,800
+(:func:`one_mesh_floor`, about a tenth of a pricing call; ``fleet-700``'s replica search: 4,800
 of 4,972 calls saved). The objective is
 :func:`~solver.planner.plan.interleaved_cycle_time` plus the per-iteration terms.
 """

@@ -206,6 +206,10 @@ class LeastStages:
         self.values = np.unique(tmin[np.isfinite(tmin)]) if values is None else values
         self._capacity: float | None = None
         self._covers: dict[int, float] = {}
+        # The least latency per layer of any stage: a lower bound on the summed latency per
+        # layer of any plan (inf: no stage).
+        self._rate = float((tmin[..., 1:] / np.arange(1, tmin.shape[2])).min()) \
+            if self.values.size else _INF
 
     @property
     def layers(self) -> int:
@@ -289,9 +293,8 @@ class LeastStages:
         safe for every table whose stages take at least these latencies, on these groups or
         fewer, within the same nodes and at most ``slots.depth`` stages."""
         floor = self.bottleneck_floor(n, bar)
-        rate = float((self.tmin[..., 1:] / np.arange(1, self.layers + 1)).min()) \
-            if self.values.size else _INF
-        return bool(np.isfinite(floor)) and (n - 1) * floor + max(floor, rate * self.layers) < bar
+        return bool(np.isfinite(floor)) and \
+            (n - 1) * floor + max(floor, self._rate * self.layers) < bar
 
 
 def least_stages(per_layer: np.ndarray, gu: np.ndarray, ngroups: np.ndarray,

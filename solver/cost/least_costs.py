@@ -33,10 +33,15 @@ def layer_latencies(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigA
     layer without recomputation: no sub-stage of ``d`` layers under that layout (internal
     pipeline stage or not, any recomputation) is faster than ``d`` times it
     (:func:`least_latencies`)."""
-    ti = _time_inputs(model, island, seq_len, calib, runtime)
-    plain = dataclasses.replace(cfg, recompute=np.zeros_like(np.asarray(cfg.recompute)))
-    fwd, bwd = layer_times(ti, plain)
+    fwd, bwd = layer_times(*_without_recomputation(model, island, seq_len, cfg, calib, runtime))
     return fwd.total + bwd.total
+
+
+def _without_recomputation(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigArrays,
+                           calib: Calibration, runtime: Runtime):
+    """The timing inputs of ``island`` and ``cfg`` with recomputation set to none."""
+    return (_time_inputs(model, island, seq_len, calib, runtime),
+            dataclasses.replace(cfg, recompute=np.zeros_like(np.asarray(cfg.recompute))))
 
 
 def least_latencies(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigArrays,
@@ -53,8 +58,7 @@ def least_latencies(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigA
     others it holds. ``inf`` each when ``cfg`` is empty."""
     if len(cfg) == 0:
         return math.inf, math.inf, math.inf
-    ti = _time_inputs(model, island, seq_len, calib, runtime)
-    plain = dataclasses.replace(cfg, recompute=np.zeros_like(np.asarray(cfg.recompute)))
+    ti, plain = _without_recomputation(model, island, seq_len, cfg, calib, runtime)
     return tuple(float(np.min(f.total + b.total)) for f, b in (
         layer_times(ti, plain), head_times(ti, plain), embedding_times(ti, plain)))
 

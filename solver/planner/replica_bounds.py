@@ -96,16 +96,19 @@ def ranked_partitions(job: JobSpec, every: Sequence[Partition], calib: Calibrati
 
 
 def share_window(job: JobSpec, part: Partition, unit: int, budget: float,
-                 calib: Calibration | None = None) -> list[range]:
+                 calib: Calibration | None = None,
+                 wholes: Sequence[float] | None = None) -> list[range]:
     """Per replica, the shares a plan whose replicas all finish within ``budget`` could use.
 
     Dropped: shares whose replica at its compute floor needs ``budget`` or more, and shares so
     small that the others, each at most its largest share, cannot cover the batch. Provably
-    safe (the floor is a lower bound on the replica's time)."""
+    safe (the floor is a lower bound on the replica's time). ``wholes``: the replicas' floors
+    at the whole batch, when known (:func:`replica_floor` otherwise)."""
     batch, r = job.training.global_batch, len(part)
+    if wholes is None:
+        wholes = [replica_floor(job, g, batch, calib) for g in part]
     his = []
-    for g in part:
-        whole = replica_floor(job, g, batch, calib)  # the floor is linear in the share
+    for whole in wholes:  # the floor is linear in the share
         top = batch - (r - 1) * unit
         while top >= unit and top / batch * whole >= budget:
             top -= unit

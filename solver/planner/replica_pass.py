@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Generator, Sequence
 
-from solver.planner.replica_bounds import Partition, replica_floor, share_window
+from solver.planner.replica_bounds import Partition, share_window
 from solver.planner.replica_plan import allreduce_s
 from solver.planner.replica_workers import Ask, ReplicaMemo
 from solver.spec.domain import Island
@@ -27,7 +27,7 @@ __all__ = ["SearchState", "best_shares", "partition_search", "solve_partition", 
 
 Asks = list[tuple[tuple[Island, ...], int, float]]  # (islands, share, budget) to plan
 Found = tuple[float, tuple[int, ...]] | None  # a partition's best value (all-reduce in), shares
-Search = Generator[tuple[Asks, Asks], None, Found]  # yields (read next, planned ahead)
+Search = Generator[Asks, None, Found]  # yields the asks it reads next
 # Partitions searched side by side per worker at most: a window walk has one or two new asks
 # at a time, most of them shared with other partitions, so it takes several to keep one busy.
 PARTITIONS_PER_WORKER = 8
@@ -73,8 +73,8 @@ def best_shares(times: Sequence[dict[int, float]], batch: int, unit: int
 def partition_search(reps: ReplicaMemo, part: Partition, unit: int, st: SearchState) -> Search:
     """The exact search of ``part``'s shares against the incumbent of ``st``.
 
-    It yields the asks it reads next and those worth planning ahead, and reads them through
-    :meth:`ReplicaMemo.time` once resumed; it returns the best value and shares, None when no
+    It yields the asks it reads next, and reads them through :meth:`ReplicaMemo.time` once
+    resumed; it returns the best value and shares, None when no
     shares beat the incumbent. Each replica's window (:func:`share_window`) is first shrunk
     from the top: a largest share whose plan is not faster than the incumbent is of no use,
     which raises the smallest share the other replicas may take. Then every share left is
@@ -83,7 +83,8 @@ def partition_search(reps: ReplicaMemo, part: Partition, unit: int, st: SearchSt
     (only plans beating it can matter, so a lower one only cuts more)."""
     job, batch = reps.job, reps.job.training.global_batch
     extra = allreduce_s(job, part)
-    windows = share_window(job, part, unit, st.value - extra, reps.calib)
+    wholes = [reps.whole_floor(g) for g in part]
+    windows = share_window(job, part, unit, st.value - extra, wholes=wholes)
     if any(len(w) == 0 for w in windows):
         return None  # some replica has no share a better plan could use
     his, times = [w[-1] for w in windows], [dict() for _ in part]
@@ -94,7 +95,7 @@ def partition_search(reps: ReplicaMemo, part: Partition, unit: int, st: SearchSt
             if b not in times[r]]
     for k in range(0, len(asks), 4):
         ask = _ask(st)
-        yield [(g, b, ask) for g, b in asks[k:k + 4]], []
+        yield [(g, b, ask) for g, b in asks[k:k + 4]]
         for g, b in asks[k:k + 4]:
             times[part.index(g)][b] = reps.time(g, b, ask)
     found = best_shares(times, batch, unit)
@@ -110,13 +111,12 @@ def _ask(st: SearchState) -> float:
 def _shrink_tops(reps: ReplicaMemo, part: Partition, unit: int,
                  incumbent: tuple[SearchState, float],
                  state: tuple[list[int], list[dict[int, float]]]
-                 ) -> Generator[tuple[Asks, Asks], None, bool]:
+                 ) -> Generator[Asks, None, bool]:
     """Walk every window's top (``his``, planned times in ``times``) down until each top
     beats the incumbent less the partition's all-reduce. Returns True when no shares of the
     partition beat the incumbent (settled), False when the tops hold."""
     (st, extra), (his, times), batch = incumbent, state, reps.job.training.global_batch
-    # Each replica's floor at the whole batch: the floor is linear in the share.
-    whole = [replica_floor(reps.job, g, batch, reps.calib) for g in part]
+    whole = [reps.whole_floor(g) for g in part]  # the floor is linear in the share
     while True:
         for r in range(len(part)):  # tops no faster than the budget are of no use
             while his[r] >= unit and (times[r].get(his[r], 0.0) >= st.value - extra or
@@ -127,16 +127,17 @@ def _shrink_tops(reps: ReplicaMemo, part: Partition, unit: int,
         walking = [r for r in range(len(part)) if his[r] not in times[r]]
         if not walking:
             return False
-        # With workers, the shares just below each top are planned alongside it: a top that
-        # fails needs the next one, and one that holds has the exact pass plan those below —
-        # those at or above the window's floor, which only rises as the other tops fall.
+        # One top at a time, the likeliest to fail first: a top that fails is cheap and may
+        # settle the partition; one that holds is dear (an exact plan) and never settles it.
         ask = _ask(st)
-        yield ([(part[r], his[r], ask) for r in walking],
-               [(part[r], b, ask) for r in walking
-                for b in range(his[r] - unit, max(0, his[r] - reps.ahead * unit), -unit)
-                if b >= batch - (sum(his) - his[r])])
-        for r in walking:
-            times[r][his[r]] = reps.time(part[r], his[r], ask)
+        r = min(walking, key=lambda r: (not reps.known((_names(part[r]), his[r], ask)),
+                                        -his[r] * whole[r]))
+        yield [(part[r], his[r], ask)]
+        times[r][his[r]] = reps.time(part[r], his[r], ask)
+
+
+def _names(group: tuple[Island, ...]) -> tuple[str, ...]:
+    return tuple(i.name for i in group)
 
 
 def solve_partition(reps: ReplicaMemo, part: Partition, unit: int, st: SearchState,
@@ -146,11 +147,11 @@ def solve_partition(reps: ReplicaMemo, part: Partition, unit: int, st: SearchSta
     search = partition_search(reps, part, unit, st)
     try:
         while True:
-            read, ahead = next(search)
+            read = next(search)
             if time.perf_counter() > deadline:
                 search.close()
                 return False
-            reps.prefetch(read + ahead)
+            reps.prefetch(read)
     except StopIteration as end:
         st.improve(part, end.value)
     return True
@@ -182,7 +183,7 @@ class ParallelPass:
         self.reps, self.ranked, self.unit, self.st = reps, ranked, unit, st
         self.active: dict[int, tuple[Search, Asks]] = {}  # partition -> its search, its reads
         self.done: dict[int, Found] = {}
-        self.waiting: list[tuple[tuple[int, int], Ask]] = []  # ((kind, partition), ask)
+        self.waiting: list[tuple[int, Ask]] = []  # (partition, ask)
         self.next = 0
 
     def run(self, deadline: float) -> None:
@@ -209,7 +210,7 @@ class ParallelPass:
         :data:`PARTITIONS_PER_WORKER` per worker; cut those the incumbent has passed."""
         reps, st, ranked = self.reps, self.st, self.ranked
         while self._startable() and (not self.active
-                                     or reps.planner.idle() > len(self._ready())):
+                                     or reps.planner.idle() > len(self.waiting)):
             k, self.next = self.next, self.next + 1
             self.active[k] = (partition_search(reps, ranked[k][1], self.unit, st), [])
             self._resume(k, started=True)
@@ -225,15 +226,14 @@ class ParallelPass:
         while started or not self.reps.unknown(reads):
             started = False
             try:
-                reads, ahead = next(search)
+                reads = next(search)
             except StopIteration as end:
                 self.active.pop(k)
                 self.done[k] = end.value
                 self._commit()
                 return
-            self._queue(k, ahead, 1)
         self.active[k] = (search, reads)
-        self._queue(k, reads, 0)
+        self._queue(k, reads)
 
     def _startable(self) -> bool:
         """Whether a further partition may start: one is left below the incumbent, and fewer
@@ -241,36 +241,22 @@ class ParallelPass:
         return (self.next < len(self.ranked) and self.ranked[self.next][0] < self.st.value
                 and len(self.active) < PARTITIONS_PER_WORKER * self.reps.planner.parallel)
 
-    def _ready(self) -> list[tuple[tuple[int, int], Ask]]:
-        """The waiting asks a worker may take: every read, and asks planned ahead for the
-        first active partition (the one the commits wait for), or for any once no further
-        partition may start (those may go unread; a new partition's reads are all read)."""
-        first = min(self.active, default=-1)
-        free = not self._startable()
-        return [w for w in self.waiting if w[0][0] == 0 or w[0][1] == first or free]
-
-    def _queue(self, k: int, asks: Asks, kind: int) -> None:
-        """Queue the asks not known, planned nor queued yet: reads (``kind`` 0) before asks
-        planned ahead (1), each in bound order."""
-        todo = self.reps.unknown(asks)
-        if kind == 0:  # a read waiting as an ask planned ahead now waits as a read
-            self.waiting = [w for w in self.waiting if w[0][0] == 0 or w[1][:2] not in todo]
+    def _queue(self, k: int, asks: Asks) -> None:
+        """Queue partition ``k``'s asks not known, planned nor queued yet."""
         pending = {a[:2]: a[2] for _, a in self.waiting}
         pending.update(self.reps.planner.flying())
-        for key, budget in todo.items():
+        for key, budget in self.reps.unknown(asks).items():
             if pending.get(key, -math.inf) < budget:
-                self.waiting.append(((kind, k), (key[0], key[1], budget)))
+                self.waiting.append((k, (key[0], key[1], budget)))
                 pending[key] = budget
 
     def _dispatch(self) -> None:
-        """Give every idle worker the waiting ask of the best priority still unknown."""
+        """Give every idle worker the waiting ask of the lowest-bound partition still unknown."""
         planner = self.reps.planner
         self.waiting.sort(key=lambda w: w[0])
-        ready = self._ready()
-        while ready and planner.idle():
+        while self.waiting and planner.idle():
             # An ask goes to its own worker, whose memo has its share, where one idles.
-            got = next((w for w in ready if planner.home_idle(w[1])), ready[0])
-            ready.remove(got)
+            got = next((w for w in self.waiting if planner.home_idle(w[1])), self.waiting[0])
             self.waiting.remove(got)
             if not self.reps.known(got[1]):
                 planner.send(got[1])

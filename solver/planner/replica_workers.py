@@ -23,6 +23,7 @@ from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer, kernel_
 from solver.islands import IslandSet
 from solver.planner.plan import Plan
 from solver.planner.memo import MemoParallelizer
+from solver.planner.replica_bounds import replica_floor
 from solver.planner.replica_plan import replica_job
 from solver.planner.runs import PlannerConfig, cluster_islands
 from solver.planner.search import plan_job
@@ -172,20 +173,14 @@ class ReplicaMemo:
     A replica is planned only for plans faster than the budget it is asked about; "none as
     fast" is remembered with its budget and answers every later ask at that budget or below;
     a larger budget plans again (the search asks at the largest budget any partition can
-    still use, so it does not happen there). ``ahead``: shares per replica the window walk
-    plans at once (one: see ``__init__``); ``calib``: its
-    parallelizer's kernel calibration, for the floors
-    (:func:`~solver.cost.parallelizer.kernel_calibration`)."""
+    still use, so it does not happen there). ``calib``: its parallelizer's kernel
+    calibration, for the floors (:func:`~solver.cost.parallelizer.kernel_calibration`)."""
 
     def __init__(self, job: JobSpec, planner: ReplicaPlanner):
         self.job, self.planner = job, planner
-        # Shares per replica the window walk plans at once. Planning the share below each top
-        # alongside it (2 with two workers) kept both busy while asks were dear; now that the
-        # floor table settles most asks cheaply it cost more than it saved (fleet-700 with
-        # two workers: replica search 10.1 -> 8.5 s, 22 -> 17 s of CPU; 2026-12-06).
-        self.ahead = 1
         self.calib = kernel_calibration(planner.par)  # the floors' kernel rates, read once
         self.plans: dict[tuple[tuple[str, ...], int], Plan | float] = {}
+        self._floors: dict[tuple[str, ...], float] = {}  # whole-batch floors by island names
         self.calls = 0
 
     def _known(self, key: tuple[tuple[str, ...], int], budget: float) -> bool:
@@ -231,6 +226,15 @@ class ReplicaMemo:
             self._store(key, self.planner.plan([(key[0], share, budget)])[0], budget)
         got = self.plans[key]
         return got.iteration_time_s if isinstance(got, Plan) else math.inf
+
+    def whole_floor(self, group: Sequence[Island]) -> float:
+        """:func:`~solver.planner.replica_bounds.replica_floor` of ``group`` at the whole batch
+        (linear in the share), computed once per group: every partition reads it."""
+        key = _key(group, 0)[0]
+        if key not in self._floors:
+            self._floors[key] = replica_floor(self.job, group, self.job.training.global_batch,
+                                              self.calib)
+        return self._floors[key]
 
     def plan(self, group: tuple[Island, ...], share: int) -> Plan:
         """The plan found by :meth:`time` for shares that won."""

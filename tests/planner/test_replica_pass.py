@@ -66,18 +66,13 @@ def test_an_incumbent_lowered_mid_search_is_read_and_keeps_the_best(job):
 
 def test_partitions_side_by_side_give_the_answer_of_one_at_a_time(job, monkeypatch):
     active = []
-    real, init = ParallelPass._start, ReplicaMemo.__init__
+    real = ParallelPass._start
 
     def spy(self):
         real(self)
         active.append(len(self.active))
 
-    def no_lookahead(self, *args):
-        init(self, *args)
-        self.ahead = 1  # walks ask one share per replica: idle workers start partitions
-
     monkeypatch.setattr(ParallelPass, "_start", spy)
-    monkeypatch.setattr(ReplicaMemo, "__init__", no_lookahead)
     single = plan_job(job)
     one = plan_replicas(job, single, options=ReplicaOptions(share_steps=8))
     two = plan_replicas(job, single, options=ReplicaOptions(share_steps=8, workers=2))
@@ -105,22 +100,3 @@ def test_the_parallel_pass_stops_at_its_deadline_with_the_lowest_open_bound(job)
     assert solve_partition(in_process, ranked[0][1], 8, stopped, 0.0) is False
 
 
-def test_shares_planned_ahead_stay_within_the_window(job):
-    """The window walk plans the shares below each top alongside it, but never one under the
-    window's floor (the batch less the other replicas' tops: no share vector can use it, and
-    the floor only rises as the tops fall). Three replicas against an incumbent just above
-    their optimum: tops 32/32/8 of 64 sequences, so below 32 only 24 is of use."""
-    part = tuple((i,) for i in job_islands(job).islands)
-    best = _run(partition_search(ReplicaMemo(job, ReplicaPlanner(job, PlannerConfig(), 8)),
-                                 part, 8, SearchState(math.inf)))
-    reps = ReplicaMemo(job, ReplicaPlanner(job, PlannerConfig(), 8))
-    reps.ahead = 64  # as many shares below the tops as the window holds
-    reads, ahead = next(partition_search(reps, part, 8, SearchState(best[0] * 1.0001)))
-    tops = {g: b for g, b, _ in reads}
-    assert set(tops) == set(part)  # the first step reads every top
-    batch = job.training.global_batch
-    assert batch - sum(tops.values()) + max(tops.values()) > 8  # a floor above the unit
-    for g, b, _ in ahead:
-        assert batch - (sum(tops.values()) - tops[g]) <= b < tops[g]
-    assert len(ahead) == sum(tops[g] - max(8, batch - sum(tops.values()) + tops[g])
-                             for g in part) // 8 > 0

@@ -233,6 +233,30 @@ def test_a_partition_below_every_floor_is_settled_without_planning(job):
     assert reps.plans == {} and st.choice is None
 
 
+def test_a_top_that_fails_settles_the_partition_before_the_other_top_is_planned(job,
+                                                                               monkeypatch):
+    """The window walk plans one top at a time, the one whose floor is nearest the budget
+    first. Floors at share b (batch 64): A 7b/64, B b/64; every share of A is slower than the
+    incumbent. A's tops 56 ... 8 (floors 6.125 ... 0.875) all come before B's top 56 (0.875:
+    a tie with A's last, which goes to the first replica), so A's walk alone settles the
+    partition and B (whose plan would be dear) is never planned."""
+    isl = job_islands(job).islands
+    reps = _in_process(job)
+    part = ((isl[0],), (isl[2],))
+    floors = {part[0]: 7.0, part[1]: 1.0}
+    asked = []
+
+    def fake_time(group, share, budget=math.inf):
+        asked.append((group, share))
+        return math.inf if group == part[0] else 0.0
+
+    monkeypatch.setattr(reps, "whole_floor", lambda g: floors[g])
+    monkeypatch.setattr(reps, "time", fake_time)
+    st = _State(100.0)  # every share is in its window
+    assert _solve_partition(reps, part, 8, st, math.inf) is True
+    assert asked == [(part[0], b) for b in range(56, 7, -8)] and st.choice is None
+
+
 def test_export_refusal_text():
     from solver.planner.replica_plan import not_exportable
     assert not_exportable((24, 8)) == (

@@ -80,9 +80,11 @@ def test_bench_plan(benchmark, name, workers):
 
 
 # The replica search after the single-pipeline plan: (job, n_micro searched where the job
-# fixes it). fleet-700 searches n_micro itself and settles its 171 partitions in 7-10 s.
+# fixes it). The fleets search n_micro themselves; fleet-700 settles its 171 partitions,
+# fleet-8448 its 20,891.
 REPLICA_CASES = [("small-7b-512", False), ("large-4096-llama3-70b", False),
-                 ("seed-llama3-70b", True), ("fleet-700-llama3-70b", False)]
+                 ("seed-llama3-70b", True), ("fleet-700-llama3-70b", False),
+                 ("fleet-8448-llama3-70b", False)]
 
 
 @pytest.mark.parametrize("name,auto", REPLICA_CASES)

@@ -60,7 +60,7 @@ class ReplicaOptions:
     """
 
     share_steps: int = 32
-    time_limit_s: float = 30.0
+    time_limit_s: float = 60.0
     workers: int = 1
 
 

@@ -48,7 +48,7 @@ def add_replica_flags(p: argparse.ArgumentParser) -> None:
     """``--replica-time-limit`` and ``--workers`` (``plan`` and ``replan``)."""
     p.add_argument("--replica-time-limit", type=float, metavar="S",
                    help="time limit of the search over pipeline replicas across islands "
-                        "(default 30 s; the plan says when it stops before a proof)")
+                        "(default 60 s; the plan says when it stops before a proof)")
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), metavar="N",
                    help="processes for the n_micro search and the replica search (default: "
                         "min(2, CPUs); same plan)")

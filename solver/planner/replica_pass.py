@@ -28,8 +28,8 @@ __all__ = ["SearchState", "best_shares", "partition_search", "solve_partition", 
 Asks = list[tuple[tuple[Island, ...], int, float]]  # (islands, share, budget) to plan
 Found = tuple[float, tuple[int, ...]] | None  # a partition's best value (all-reduce in), shares
 Search = Generator[Asks, None, Found]  # yields the asks it reads next
-# Partitions searched side by side per worker at most: a window walk has one or two new asks
-# at a time, most of them shared with other partitions, so it takes several to keep one busy.
+# Partitions searched side by side per worker at most: a window walk has one new ask at a
+# time, most of them shared with other partitions, so it takes several to keep one busy.
 PARTITIONS_PER_WORKER = 8
 
 
@@ -74,11 +74,11 @@ def partition_search(reps: ReplicaMemo, part: Partition, unit: int, st: SearchSt
     """The exact search of ``part``'s shares against the incumbent of ``st``.
 
     It yields the asks it reads next, and reads them through :meth:`ReplicaMemo.time` once
-    resumed; it returns the best value and shares, None when no
-    shares beat the incumbent. Each replica's window (:func:`share_window`) is first shrunk
-    from the top: a largest share whose plan is not faster than the incumbent is of no use,
-    which raises the smallest share the other replicas may take. Then every share left is
-    planned and the shares are chosen exactly (:func:`best_shares`). The incumbent is read
+    resumed; it returns the best value and shares, None when no shares beat the incumbent.
+    Each replica's window (:func:`share_window`) is first shrunk from the top
+    (:func:`_shrink_tops`): a largest share whose plan is not faster than the incumbent is of
+    no use, which raises the smallest share the other replicas may take. Then every share left
+    is planned and the shares are chosen exactly (:func:`best_shares`). The incumbent is read
     again at every step: searched side by side, an earlier partition may lower it meanwhile
     (only plans beating it can matter, so a lower one only cuts more)."""
     job, batch = reps.job, reps.job.training.global_batch
@@ -114,7 +114,11 @@ def _shrink_tops(reps: ReplicaMemo, part: Partition, unit: int,
                  ) -> Generator[Asks, None, bool]:
     """Walk every window's top (``his``, planned times in ``times``) down until each top
     beats the incumbent less the partition's all-reduce. Returns True when no shares of the
-    partition beat the incumbent (settled), False when the tops hold."""
+    partition beat the incumbent (settled), False when the tops hold.
+
+    One top is planned at a time: one the memo already answers first, else the one whose
+    floor is nearest the budget (the likeliest to fail; ties to the first replica). Only the
+    order of the plans depends on it, not the result."""
     (st, extra), (his, times), batch = incumbent, state, reps.job.training.global_batch
     whole = [reps.whole_floor(g) for g in part]  # the floor is linear in the share
     while True:
@@ -127,8 +131,8 @@ def _shrink_tops(reps: ReplicaMemo, part: Partition, unit: int,
         walking = [r for r in range(len(part)) if his[r] not in times[r]]
         if not walking:
             return False
-        # One top at a time, the likeliest to fail first: a top that fails is cheap and may
-        # settle the partition; one that holds is dear (an exact plan) and never settles it.
+        # A top that fails is cheap (the floor table settles it) and may settle the
+        # partition; one that holds is dear (an exact plan) and never settles it.
         ask = _ask(st)
         r = min(walking, key=lambda r: (not reps.known((_names(part[r]), his[r], ask)),
                                         -his[r] * whole[r]))
@@ -137,6 +141,7 @@ def _shrink_tops(reps: ReplicaMemo, part: Partition, unit: int,
 
 
 def _names(group: tuple[Island, ...]) -> tuple[str, ...]:
+    """The memo's key of an island set."""
     return tuple(i.name for i in group)
 
 

@@ -88,7 +88,7 @@ def partition_search(reps: ReplicaMemo, part: Partition, unit: int, st: SearchSt
     if any(len(w) == 0 for w in windows):
         return None  # some replica has no share a better plan could use
     his, times = [w[-1] for w in windows], [dict() for _ in part]
-    if (yield from _shrink_tops(reps, part, unit, (st, extra), (his, times))):
+    if (yield from _shrink_tops(reps, part, unit, (st, extra), (his, times, wholes))):
         return None
     asks = [(g, b) for r, g in enumerate(part)
             for b in range(max(unit, batch - (sum(his) - his[r])), his[r] + 1, unit)
@@ -110,17 +110,17 @@ def _ask(st: SearchState) -> float:
 
 def _shrink_tops(reps: ReplicaMemo, part: Partition, unit: int,
                  incumbent: tuple[SearchState, float],
-                 state: tuple[list[int], list[dict[int, float]]]
+                 state: tuple[list[int], list[dict[int, float]], list[float]]
                  ) -> Generator[Asks, None, bool]:
-    """Walk every window's top (``his``, planned times in ``times``) down until each top
+    """Walk every window's top (``his``, planned times in ``times``; ``whole``: the replicas'
+    floors at the whole batch, linear in the share) down until each top
     beats the incumbent less the partition's all-reduce. Returns True when no shares of the
     partition beat the incumbent (settled), False when the tops hold.
 
     One top is planned at a time: one the memo already answers first, else the one whose
     floor is nearest the budget (the likeliest to fail; ties to the first replica). Only the
     order of the plans depends on it, not the result."""
-    (st, extra), (his, times), batch = incumbent, state, reps.job.training.global_batch
-    whole = [reps.whole_floor(g) for g in part]  # the floor is linear in the share
+    (st, extra), (his, times, whole), batch = incumbent, state, reps.job.training.global_batch
     while True:
         for r in range(len(part)):  # tops no faster than the budget are of no use
             while his[r] >= unit and (times[r].get(his[r], 0.0) >= st.value - extra or
@@ -134,15 +134,10 @@ def _shrink_tops(reps: ReplicaMemo, part: Partition, unit: int,
         # A top that fails is cheap (the floor table settles it) and may settle the
         # partition; one that holds is dear (an exact plan) and never settles it.
         ask = _ask(st)
-        r = min(walking, key=lambda r: (not reps.known((_names(part[r]), his[r], ask)),
+        r = min(walking, key=lambda r: (bool(reps.unknown([(part[r], his[r], ask)])),
                                         -his[r] * whole[r]))
         yield [(part[r], his[r], ask)]
         times[r][his[r]] = reps.time(part[r], his[r], ask)
-
-
-def _names(group: tuple[Island, ...]) -> tuple[str, ...]:
-    """The memo's key of an island set."""
-    return tuple(i.name for i in group)
 
 
 def solve_partition(reps: ReplicaMemo, part: Partition, unit: int, st: SearchState,

@@ -8,8 +8,9 @@
 * :func:`holds_model` — a set of islands without the HBM for one copy of the model's states
   hosts no replica.
 
-:func:`proportional_shares` (shares in proportion to the floors' rates) is a heuristic: it
-only picks the first incumbents.
+:func:`proportional_shares` (shares in proportion to the floors' rates) and
+:func:`rebalanced_shares` (shares in proportion to the rates planned replicas reached) are
+heuristics: they only pick the first incumbents.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from solver.planner.replica_plan import allreduce_s
 from solver.spec.domain import Island, JobSpec
 
 __all__ = ["Partition", "partitions", "replica_floor", "holds_model", "partition_bound",
-           "ranked_partitions", "share_window", "proportional_shares"]
+           "ranked_partitions", "share_window", "proportional_shares", "rebalanced_shares"]
 
 Partition = tuple[tuple[Island, ...], ...]
 
@@ -126,3 +127,17 @@ def proportional_shares(job: JobSpec, part: Partition, unit: int,
     raw = [max(1, round(units * r / sum(rates))) for r in rates]
     raw[raw.index(max(raw))] += units - sum(raw)
     return tuple(k * unit for k in raw) if min(raw) >= 1 else None
+
+
+def rebalanced_shares(times: Sequence[float], shares: Sequence[int], batch: int,
+                      unit: int) -> tuple[int, ...]:
+    """Shares in whole units that minimize the slowest replica if each replica's time grew in
+    proportion to its share from ``times[r]`` at ``shares[r]`` (every time finite and
+    positive): one unit each, then every further unit to the replica it leaves fastest, the
+    first on ties (exact for linear times: no other shares have a faster slowest replica)."""
+    per_unit = [t / s * unit for t, s in zip(times, shares)]
+    units = [1] * len(shares)
+    for _ in range(batch // unit - len(shares)):
+        r = min(range(len(units)), key=lambda r: (units[r] + 1) * per_unit[r])
+        units[r] += 1
+    return tuple(k * unit for k in units)

@@ -178,6 +178,44 @@ def test_never_worse_than_one_pipeline(tmp_path, gbits, batch):
         assert rp.replicas[0].plan is single
 
 
+@pytest.mark.parametrize("gbits,batch", [(25.0, 32), (100.0, 64), (800.0, 128), (400.0, 96)])
+def test_the_single_pipeline_planned_by_the_search_gives_the_same_plan(tmp_path, gbits, batch):
+    # Planned after the first replicas and bounded by them, the single pipeline is cut where
+    # replicas win and found where it wins (at 25 Gb/s: below), so the result is the one of
+    # the single pipeline planned first.
+    job = load_job(_write(tmp_path, gbits=gbits, batch=batch))
+    single = plan_job(job)
+    first = plan_replicas(job, single, options=ReplicaOptions(share_steps=8))
+    here = plan_replicas(job, None, options=ReplicaOptions(share_steps=8))
+    assert here.iteration_time_s == first.iteration_time_s and here.shares == first.shares
+    assert here.solver.optimal and first.solver.optimal
+    assert here.partitions == first.partitions
+    if len(here.replicas) == 1:
+        assert here.replicas[0].plan.stages == single.stages
+        assert here.replicas[0].islands == first.replicas[0].islands
+    else:  # the proof the bounded search gave: no single pipeline is as fast
+        with pytest.raises(InfeasibleError):
+            plan_job(job, upper=here.iteration_time_s)
+
+
+@pytest.mark.parametrize("solver,bounded", [("dp", True), ("milp", False)])
+def test_only_the_dp_plans_the_single_pipeline_bounded(tmp_path, monkeypatch, solver, bounded):
+    # CP-SAT and MILP may stop at a limit, so "nothing under the bound" is no proof there:
+    # their single pipeline is planned first, unbounded.
+    import solver.planner.replicas as replicas
+    job = load_job(_write(tmp_path, batch=32, extra=f'[planner]\nsolver = "{solver}"\n'))
+    uppers = []
+
+    def spy(*args, **kwargs):
+        uppers.append(kwargs.get("upper", math.inf))
+        return plan_job(*args, **kwargs)
+    monkeypatch.setattr(replicas, "plan_job", spy)
+    rp = plan_replicas(job, None, options=ReplicaOptions(share_steps=8))
+    assert len(uppers) == 1 and math.isfinite(uppers[0]) == bounded
+    assert rp.iteration_time_s == plan_replicas(job, plan_job(job), options=ReplicaOptions(
+        share_steps=8)).iteration_time_s
+
+
 def test_slow_network_keeps_one_pipeline(tmp_path):
     # At 25 Gb/s the all-reduce of 7B fp32 gradients over 8 GPUs alone takes ~1.2 s per
     # iteration, more than the whole single-pipeline iteration.

@@ -12,7 +12,7 @@ from solver.planner.plan import Plan, plan_json
 from solver.planner.replica_plan import ReplicatedPlan, replicated_json
 from solver.planner.replicas import ReplicaOptions, plan_replicas, replica_search_runs
 from solver.planner.search import PlannerConfig
-from solver.spec.domain import FeaturePreset, SolverKind
+from solver.spec.domain import FeaturePreset, JobSpec, SolverKind
 from solver.spec.errors import InputError
 from solver.spec.loaders import load_job
 
@@ -58,19 +58,19 @@ def planner_config(args: argparse.Namespace) -> PlannerConfig:
     """The planner options the flags set (None: the job's)."""
     if args.workers < 1:
         raise InputError("<cli>", "--workers", f"must be >= 1, got {args.workers}")
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise InputError("<cli>", "--time-limit", f"must be > 0 seconds, got {args.time_limit}")
     return PlannerConfig(solver=SolverKind(args.solver) if args.solver else None,
                          features=FeaturePreset(args.features) if args.features else None,
                          time_limit_s=args.time_limit, workers=args.workers)
 
 
-def make_plan(args: argparse.Namespace) -> Plan:
-    """The plan the flags ask for (validated)."""
-    job = load_job(args.job)
+def make_plan(args: argparse.Namespace, job: JobSpec | None = None) -> Plan:
+    """The plan the flags ask for (validated); ``job``: the job file's, when loaded already."""
+    job = job or load_job(args.job)
     features = FeaturePreset(args.features) if args.features else None
     if args.baseline:
         return plan_baseline(job, Baseline(args.baseline), features=features)
-    if args.time_limit is not None and not args.time_limit > 0:
-        raise InputError("<cli>", "--time-limit", f"must be > 0 seconds, got {args.time_limit}")
     config = planner_config(args)
     from solver.studies.pareto import plan_with_targets
     parallelizer = None
@@ -101,10 +101,24 @@ def search_replicas(args: argparse.Namespace, plan: Plan) -> ReplicatedPlan | No
     return plan_replicas(plan.job, plan, planner_config(args), options=replica_options(args))
 
 
+def plan_and_replicas(args: argparse.Namespace) -> tuple[Plan, ReplicatedPlan | None]:
+    """The single-pipeline plan and the replica search where it runs. Without ``--cache``
+    (whose store the single pipeline fills for ``replan``) the replica search plans the single
+    pipeline itself, bounded by its first replicas (the same plan, found sooner); the plan
+    returned is then the winning replica's when one replica wins."""
+    if args.baseline or args.cache:
+        plan = make_plan(args)
+        return plan, search_replicas(args, plan)
+    job = load_job(args.job)
+    if not replica_search_runs(job):
+        return make_plan(args, job), None
+    rp = plan_replicas(job, None, planner_config(args), options=replica_options(args))
+    return rp.replicas[0].plan, rp
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the plan."""
-    plan = make_plan(args)
-    rp = search_replicas(args, plan)
+    plan, rp = plan_and_replicas(args)
     if rp is not None and len(rp.replicas) > 1:
         from solver.cli.replicated import run_replicated
         return run_replicated(args, rp)

@@ -40,11 +40,13 @@ _FAILED = "failed"  # what a worker sends back for an ask whose planning raised
 def plan_share(job: JobSpec, config: PlannerConfig, ask: Ask, islands: IslandSet,
                parallelizer: Parallelizer) -> Planned:
     """The replica's exact plan if one is faster than the ask's budget, else None, with the
-    parallelizer calls it took (``islands``: the cluster's, built once for every replica)."""
+    parallelizer calls it took (``islands``: the cluster's, built once for every replica).
+    Not validated here: most are never kept, and the search validates those it keeps
+    (:func:`~solver.planner.replica_plan.validate_replicated`)."""
     names, share, budget = ask
     try:
         plan = plan_job(replica_job(job, names, share), config, parallelizer=parallelizer,
-                        upper=budget, islands=islands)
+                        upper=budget, islands=islands, check=False)
     except InfeasibleError as none:
         return None, none.calls
     return plan, plan.solver.parallelizer_calls

@@ -52,8 +52,10 @@ __all__ = ["REL_TIE", "VIEW_ISLANDS", "VIEW_WHOLE", "PlannerConfig", "PlanningRu
 
 def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int | None = None,
              parallelizer: Parallelizer | None = None, run: PlanningRun | None = None,
-             upper: float = math.inf, islands: IslandSet | None = None) -> Plan:
-    """Plan ``job`` exactly (``n_micro`` searched unless fixed); validated before it is returned.
+             upper: float = math.inf, islands: IslandSet | None = None,
+             check: bool = True) -> Plan:
+    """Plan ``job`` exactly (``n_micro`` searched unless fixed); validated before it is returned
+    unless ``check`` is False (the replica search, which validates the replicas it keeps).
 
     ``upper``: only plans faster than this many seconds per iteration are sought (the search
     cuts everything else); the optimum is returned when it is faster. With ``config.workers``
@@ -107,7 +109,8 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
         plan = replace(best.plan, solver=best.info(proven, elapsed, calls))
     heuristic = config.rules.heuristic
     plan = replace(plan, solver=replace(plan.solver, heuristic_pruning=heuristic))
-    validate(plan, job)
+    if check:
+        validate(plan, job)
     return plan
 
 

@@ -100,3 +100,19 @@ def test_bench_replica_search(benchmark, name, auto):
     found = benchmark.pedantic(plan_replicas, args=(job, single), kwargs={"options": options},
                                rounds=1, iterations=1)
     assert found.solver.optimal and found.iteration_time_s <= single.iteration_time_s
+
+
+@pytest.mark.parametrize("name,auto", REPLICA_CASES)
+def test_bench_plan_with_replicas(benchmark, name, auto):
+    """What ``tangram plan`` runs: the replica search planning the single pipeline itself,
+    bounded by its replicas (two worker processes; n_micro as in the replica benchmark); it
+    must prove its plan."""
+    from solver.planner.replicas import ReplicaOptions, plan_replicas
+    job = load_job(JOBS / f"{name}.toml")
+    if auto:
+        job = replace(job, training=replace(job.training, n_micro=None))
+    options = ReplicaOptions(time_limit_s=600.0, workers=2)
+    found = benchmark.pedantic(plan_replicas, args=(job, None),
+                               kwargs={"config": PlannerConfig(workers=2), "options": options},
+                               rounds=1, iterations=1)
+    assert found.solver.optimal

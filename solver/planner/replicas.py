@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from solver.cost.frameworks import profile
 from solver.cost.parallelizer import Parallelizer
@@ -217,7 +217,8 @@ def _search(reps: ReplicaMemo,
     exact_pass(reps, ranked, unit, st, deadline)
     st.settled += len(every) - len(parts)  # settled by the memory cut
     if one.plan is None and one.above < st.value * (1 + REL_TIE):
-        one = _bounded_single(job, config, par, st, st.value * (1 + REL_TIE))
+        again = _bounded_single(job, config, par, st, st.value * (1 + REL_TIE))
+        one = replace(again, calls=again.calls + one.calls)  # the probe's calls count too
     return one
 
 

@@ -146,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(render_plan(plan))
     if rp is not None:
-        print(f"replicas: one pipeline ({rp.note})")
+        print(f"replicas: one pipeline ({rp.note}; {rp.solver.time_s:.2f} s of planning in "
+              "all)")
     if args.explain:
         print(render_explain(reports))
         extra.pop("explain")

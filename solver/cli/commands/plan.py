@@ -93,26 +93,20 @@ def replica_options(args: argparse.Namespace) -> ReplicaOptions:
         ReplicaOptions(time_limit_s=limit, workers=args.workers)
 
 
-def search_replicas(args: argparse.Namespace, plan: Plan) -> ReplicatedPlan | None:
-    """The replica search over ``plan`` (None for a baseline, or where it does not run for
-    the job: :func:`~solver.planner.replicas.replica_search_runs`)."""
-    if args.baseline or not replica_search_runs(plan.job):
-        return None
-    return plan_replicas(plan.job, plan, planner_config(args), options=replica_options(args))
-
-
 def plan_and_replicas(args: argparse.Namespace) -> tuple[Plan, ReplicatedPlan | None]:
-    """The single-pipeline plan and the replica search where it runs. Without ``--cache``
-    (whose store the single pipeline fills for ``replan``) the replica search plans the single
-    pipeline itself, bounded by its first replicas (the same plan, found sooner); the plan
-    returned is then the winning replica's when one replica wins."""
-    if args.baseline or args.cache:
-        plan = make_plan(args)
-        return plan, search_replicas(args, plan)
+    """The single-pipeline plan and the replica search where it runs (not for a baseline, nor
+    where :func:`~solver.planner.replicas.replica_search_runs` says no). Without ``--cache``
+    (whose store the single pipeline's full search fills for ``replan``) the replica search
+    plans the single pipeline itself, bounded by its first replicas (the same plan, found
+    sooner); the plan returned is then the winning replica's when one replica wins."""
     job = load_job(args.job)
-    if not replica_search_runs(job):
+    if args.baseline or not replica_search_runs(job):
         return make_plan(args, job), None
-    rp = plan_replicas(job, None, planner_config(args), options=replica_options(args))
+    config, options = planner_config(args), replica_options(args)
+    if args.cache:
+        plan = make_plan(args, job)
+        return plan, plan_replicas(job, plan, config, options=options)
+    rp = plan_replicas(job, None, config, options=options)
     return rp.replicas[0].plan, rp
 
 

@@ -10,7 +10,9 @@ Python, recomputes every value bit for bit. Array layouts (all padded, ``inf`` w
 * ``link[k, g, k2, g2]`` — boundary from group ``g`` of island ``k`` to the stage behind it,
   group ``g2`` of island ``k2`` (``k2 = k``: inside the island);
 * ``W[mask, k, g, l]`` and ``X[k, mi, u, g, l]`` — the DP states of one level (see the DP's
-  module docstring).
+  module docstring), with marks over their rows (``rows[mask, k, g]``, ``live[k, mi, u]``):
+  only a marked row holds states and is read. A row is filled with ``inf`` when it is first
+  written, so a level array is never cleared as a whole (a pass writes few of its rows).
 """
 
 from __future__ import annotations
@@ -54,10 +56,11 @@ def level_step(j: int, w: np.ndarray, x: np.ndarray, tau: np.ndarray, dmax: np.n
                best: np.ndarray, live: np.ndarray, new_live: np.ndarray, rows: np.ndarray,
                new_rows: np.ndarray) -> None:
     """Place one stage at level ``j`` from every state of ``w``/``x`` into ``new_w``/``new_x``
-    (filled with ``inf`` by the caller). Complete plans improve ``best`` = ``[value, k, mask
-    index, group, nodes]`` (strictly smaller values only). ``live[k, mi, u]`` and
-    ``rows[mask, k2, g2]`` mark the rows of ``x`` and ``w`` that hold a state (others are all
-    ``inf`` and skipped); the rows written are marked in ``new_live`` and ``new_rows``."""
+    (their marks all 0: no row holds a state, whatever the arrays hold). Complete plans
+    improve ``best`` = ``[value, k, mask index, group, nodes]`` (strictly smaller values
+    only). ``live[k, mi, u]`` and ``rows[mask, k2, g2]`` mark the rows of ``x`` and ``w`` that
+    hold a state (others are skipped, never read); the rows written are marked in
+    ``new_live`` and ``new_rows``, each filled with ``inf`` before its first state."""
     big_k = tau.shape[0]
     big_l = tau.shape[4] - 1
     wany = np.zeros(w.shape[0], dtype=np.bool_)
@@ -80,6 +83,16 @@ def level_step(j: int, w: np.ndarray, x: np.ndarray, tau: np.ndarray, dmax: np.n
 
 
 @njit(cache=True)
+def _open(new_x: np.ndarray, new_live: np.ndarray, k: int, mi: int, u: int) -> None:
+    """Mark the row ``new_x[k, mi, u]`` before states are written to it, filled with ``inf``
+    first when it was not marked (an unmarked row holds whatever the array held before and is
+    never read). Called once per row and source, outside the loops that write."""
+    if not new_live[k, mi, u]:
+        new_x[k, mi, u] = np.inf
+        new_live[k, mi, u] = 1
+
+
+@njit(cache=True)
 def _offer(best: np.ndarray, value: float, k: int, mi: int, gi: int, u: int) -> None:
     """Keep the least value; among equal values the least ``(k, mi, gi, u)``, whatever the
     order of the offers."""
@@ -97,7 +110,10 @@ def _from_start(k, mi, tau, dmax, gu, ngroups, units, allowed, cap, sum_mode, ne
         g = gu[k, gi]
         if g > units[k]:
             continue
-        for d in range(1, min(dmax[k, gi, _LAST, 0], big_l - 1) + 1):
+        top = min(dmax[k, gi, _LAST, 0], big_l - 1)
+        if top >= 1:
+            _open(new_x, new_live, k, mi, g)
+        for d in range(1, top + 1):
             t = tau[k, gi, _LAST, 0, d]
             if t <= cap:
                 v = _comb(0.0, t, sum_mode)
@@ -160,6 +176,15 @@ def _least_via(row: np.ndarray, c: float, sum_mode: bool, a: np.ndarray, big_l: 
 
 
 @njit(cache=True)
+def _any_finite(a: np.ndarray, big_l: int) -> bool:
+    """Whether some length ``1 .. L − 1`` of ``a`` holds a state."""
+    for l in range(1, big_l):
+        if a[l] != np.inf:
+            return True
+    return False
+
+
+@njit(cache=True)
 def _from_blocks(j, k, mi, mask, w, tau, dmax, link, gu, ngroups, units, allowed, cap, sum_mode,
                  overlap, new_x, best, big_l, new_live, rows):
     """A new block of island ``k`` in front of a closed block of another island (``rows``:
@@ -177,6 +202,8 @@ def _from_blocks(j, k, mi, mask, w, tau, dmax, link, gu, ngroups, units, allowed
                         c = link[k, gi, k2, g2]
                         if c <= cap and rows[mask, k2, g2] != 0:
                             _least_via(w[mask, k2, g2], c, sum_mode, a, big_l)
+            if _any_finite(a, big_l):
+                _open(new_x, new_live, k, mi, gu[k, gi])
             for l in range(1, big_l):
                 if a[l] != np.inf:
                     _place_after(j, k, mi, gi, gu[k, gi], a[l], l, tau, dmax, allowed, mask,
@@ -196,6 +223,7 @@ def _from_blocks(j, k, mi, mask, w, tau, dmax, link, gu, ngroups, units, allowed
                     c = link[k, gi, k2, g2]
                     if c > cap or gu[k, gi] > units[k]:
                         continue
+                    _open(new_x, new_live, k, mi, gu[k, gi])
                     _place(j, k, mi, gi, gu[k, gi], wv, c, l, tau, dmax, allowed, mask, cap,
                            sum_mode, new_x, best, big_l, new_live)
 
@@ -217,6 +245,8 @@ def _from_open(j, k, mi, mask, x, tau, dmax, link, gu, ngroups, units, allowed, 
                     c = link[k, gi, k, gp]
                     if c <= cap:
                         _least_via(x[k, mi, u, gp], c, sum_mode, a, big_l)
+                if _any_finite(a, big_l):
+                    _open(new_x, new_live, k, mi, u + gu[k, gi])
                 for l in range(1, big_l):
                     if a[l] != np.inf:
                         _place_after(j, k, mi, gi, u + gu[k, gi], a[l], l, tau, dmax, allowed,
@@ -232,6 +262,7 @@ def _from_open(j, k, mi, mask, x, tau, dmax, link, gu, ngroups, units, allowed, 
                     c = link[k, gi, k, gp]
                     if u + g > units[k] or c > cap:
                         continue
+                    _open(new_x, new_live, k, mi, u + g)
                     _place(j, k, mi, gi, u + g, xv, c, l, tau, dmax, allowed, mask, cap,
                            sum_mode, new_x, best, big_l, new_live)
 
@@ -251,9 +282,13 @@ def _close_blocks(new_x, new_w, masks, nmask, ngroups, units, new_live, new_rows
                 for gi in range(ngroups[k]):
                     for l in range(width):
                         v = new_x[k, mi, u, gi, l]
+                        if v == np.inf:
+                            continue
+                        if not new_rows[mask2, k, gi]:  # the row's first state: fill it
+                            new_w[mask2, k, gi] = np.inf
+                            new_rows[mask2, k, gi] = 1
                         if v < new_w[mask2, k, gi, l]:
                             new_w[mask2, k, gi, l] = v
-                            new_rows[mask2, k, gi] = 1
 
 
 @njit(cache=True)
@@ -319,14 +354,3 @@ def prune_rows(x: np.ndarray, live: np.ndarray, rest: np.ndarray, budget: float,
                     live[k, mi, u] = 0
     return alive | removed
 
-
-@njit(cache=True)
-def reset_rows(x: np.ndarray, live: np.ndarray) -> None:
-    """Refill with ``inf`` the rows of ``x`` that ``live`` marks, and unmark them: the array is
-    then all ``inf`` again (rows never marked were never written)."""
-    for k in range(x.shape[0]):
-        for mi in range(x.shape[1]):
-            for u in range(x.shape[2]):
-                if live[k, mi, u]:
-                    x[k, mi, u] = np.inf
-                    live[k, mi, u] = 0

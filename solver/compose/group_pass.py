@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import enum
 import math
+import mmap
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from solver.compose.group_bounds import cover_costs
-from solver.compose.group_kernel import (drop_dominated, level_latencies, level_step, prune_rows,
-                                         reset_rows)
+from solver.compose.group_kernel import drop_dominated, level_latencies, level_step, prune_rows
 from solver.compose.result import TooLargeError
 from solver.compose.stage_table import GroupRestrictions, GroupStage, StageTable, in_flight_counts
 from solver.compose.table import Position, slice_position
@@ -53,20 +53,20 @@ class _Prep:
     ends: np.ndarray        # (J,) whether a plan may end with j + 1 stages (allowed depths)
     pool: list = field(default_factory=list, compare=False, repr=False)
     # Level arrays reused pass after pass: only the latest pass is ever backtracked (its levels
-    # are read before the next pass starts), and warm memory fills far faster than fresh pages.
+    # are read before the next pass starts).
 
     def level_arrays(self, i: int, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        """The ``i``-th level array of the current pass, all ``inf``, and its row marks over
-        its first three axes (``live[k, mi, u]`` of an open-block array, ``rows[mask, k, g]``
-        of a closed-block one; all 0). A reused array is reset only in the rows its last use
-        marked: the other rows were never written."""
+        """The ``i``-th level array of the current pass and its row marks over its first three
+        axes (``live[k, mi, u]`` of an open-block array, ``rows[mask, k, g]`` of a closed-block
+        one), all 0: no row holds a state. The array is not cleared: the kernels fill a row
+        with ``inf`` when they first write it, and nothing reads an unmarked row."""
         while len(self.pool) <= i:
             self.pool.append({})
         got = self.pool[i].get(shape)
         if got is None:
-            got = self.pool[i][shape] = (np.full(shape, _INF), np.zeros(shape[:3], np.uint8))
+            got = self.pool[i][shape] = (_untouched(shape), np.zeros(shape[:3], np.uint8))
         else:
-            reset_rows(*got)
+            got[1].fill(0)
         return got
 
     @property
@@ -83,6 +83,16 @@ class _Prep:
     def masks_without(self, k: int) -> np.ndarray:
         """Masks not containing island ``k``, ascending."""
         return self.masks[k, :self.nmask[k]]
+
+
+def _untouched(shape: tuple[int, ...]) -> np.ndarray:
+    """An uninitialized float array of ``shape`` in anonymous memory, whose pages the system
+    maps only when first written. A level array is large (``fleet-8448``'s seven-island
+    replicas: 25 MB) and a pass writes a few of its rows, so only those pages are ever mapped;
+    NumPy's own large arrays are advised as huge pages, each first write into which clears
+    2 MB (measured: 6% of a replica search)."""
+    count = int(np.prod(shape))
+    return np.frombuffer(mmap.mmap(-1, max(8 * count, 8)), np.float64, count).reshape(shape)
 
 
 def _prepare(table: StageTable, restr: GroupRestrictions | None, overlap: bool) -> _Prep:
@@ -207,6 +217,8 @@ class _Pass:
     mode: Mode
     w_levels: list        # level j -> (2^K, K, G, L+1)
     x_levels: list        # level j -> (K, Mk, U+1, G, L+1)
+    w_marks: list         # level j -> (2^K, K, G): rows of w_levels[j] holding states
+    x_marks: list         # level j -> (K, Mk, U+1): rows of x_levels[j] holding states
     value: float
     final: tuple | None   # (j, k, mask index, gi, u) of the best complete plan
     pruned: bool = False  # some state was dropped by the budget (not by a found plan)
@@ -258,7 +270,7 @@ def _run_pass(prep: _Prep, kern: _Kernels, cap: float, mode: Mode, budget: float
     # Level arrays come from the prep's pool: a new pass reuses the previous pass's arrays,
     # which nobody reads any more (only the latest pass is backtracked, before the next runs).
     (w, rows), (x, live) = prep.level_arrays(0, w_shape), prep.level_arrays(1, x_shape)
-    ps = _Pass(kern, cap, mode, [w], [x], _INF, None)
+    ps = _Pass(kern, cap, mode, [w], [x], [rows], [live], _INF, None)
     sum_mode = mode is Mode.SUM
     dmax = _lengths_under(kern, cap)
     rest = _rest_bound(prep, kern, dmax, cap, mode, rate, min(budget, t_bound))
@@ -283,6 +295,8 @@ def _run_pass(prep: _Prep, kern: _Kernels, cap: float, mode: Mode, budget: float
         w, x, live, rows = new_w, new_x, new_live, new_rows
         ps.w_levels.append(w)
         ps.x_levels.append(x)
+        ps.w_marks.append(rows)
+        ps.x_marks.append(live)
         if not alive:
             break
     return ps
@@ -305,6 +319,7 @@ def _sources(prep: _Prep, ps: _Pass, j: int, k: int, mi: int, gi: int, u: int, l
     gu = int(prep.gu[k, gi])
     tau = _kern(ps.kern, k, gi, j, complete)
     xk, w = ps.x_levels[j][k, mi], ps.w_levels[j]
+    xlive, wrows = ps.x_marks[j][k, mi], ps.w_marks[j]  # unmarked rows hold no state
     mask = int(prep.masks[k, mi])
     for d in range(1, l_end + 1):
         if not tau[d] <= cap:
@@ -313,7 +328,7 @@ def _sources(prep: _Prep, ps: _Pass, j: int, k: int, mi: int, gi: int, u: int, l
 
         def via(value: float, c: float) -> float:
             return comb(value, max(tau[d], c)) if overlap else comb(comb(value, c), tau[d])
-        if u - gu >= 1:
+        if u - gu >= 1 and xlive[u - gu]:
             for gp in range(int(prep.ngroups[k])):
                 c = prep.link[k, gi, k, gp]
                 if c <= cap and np.isfinite(xk[u - gu, gp, l]):
@@ -329,7 +344,7 @@ def _sources(prep: _Prep, ps: _Pass, j: int, k: int, mi: int, gi: int, u: int, l
                 continue
             for g2 in range(int(prep.ngroups[k2])):
                 c = prep.link[k, gi, k2, g2]
-                if c <= cap and np.isfinite(w[mask, k2, g2, l]):
+                if c <= cap and wrows[mask, k2, g2] and np.isfinite(w[mask, k2, g2, l]):
                     yield float(via(float(w[mask, k2, g2, l]), float(c))), d, "block", (k2, g2)
 
 

@@ -19,6 +19,7 @@ from solver.compose.dp import compose_dp
 from solver.compose.group_brute import compose_groups_brute
 from solver.compose.group_bounds import least_stages
 from solver.compose.group_dp import beats, compose_groups_dp
+from solver.compose.group_pass import _Prep
 from solver.compose.stage_table import (UNLIMITED, GroupRestrictions, GroupStage, IslandSlots,
                                         Options, StageTable, group_objective, group_problems,
                                         stage_table_from_latency)
@@ -231,6 +232,32 @@ def test_dp_equals_brute_force_on_many_tables(case, overlap, slack):
     assert _agree(compose_groups_dp(table, restr, overlap), brute)
     if brute.objective is not None:
         found = compose_groups_dp(table, restr, overlap, incumbent=brute.objective * slack + 1e-9)
+        assert _agree(found, brute)
+
+
+def _poisoned_level_arrays(self, i, shape):
+    """The pool's level arrays with every cell set to -1, below any real value: a read of a
+    row no state was written to would change the DP's answer."""
+    got = _LEVEL_ARRAYS(self, i, shape)
+    got[0].fill(-1.0)
+    return got
+
+
+_LEVEL_ARRAYS = _Prep.level_arrays
+
+
+@settings(max_examples=120, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(stage_tables(), st.booleans())
+def test_rows_never_written_are_never_read(monkeypatch, case, overlap):
+    """Level arrays are not cleared (a row is filled with inf when its first state is written):
+    with all cells poisoned beforehand, the DP still equals brute force, plain and bounded."""
+    table, restr = case
+    brute = compose_groups_brute(table, restr, overlap)
+    monkeypatch.setattr(_Prep, "level_arrays", _poisoned_level_arrays)
+    assert _agree(compose_groups_dp(table, restr, overlap), brute)
+    if brute.objective is not None:
+        found = compose_groups_dp(table, restr, overlap, incumbent=brute.objective * 1.2)
         assert _agree(found, brute)
 
 

@@ -7,6 +7,7 @@ the DP; CP-SAT and the MILP solve the slot model of ``formulations/groups_common
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from formulations.groups_cpsat import solve_groups_cpsat
 from formulations.groups_milp import solve_groups_milp
 from solver.compose.dp import compose_dp
 from solver.compose.group_brute import compose_groups_brute
-from solver.compose.group_bounds import least_stages
+from solver.compose.group_bounds import LeastStages, least_stages
 from solver.compose.group_dp import beats, compose_groups_dp
 from solver.compose.group_pass import _Prep
 from solver.compose.stage_table import (UNLIMITED, GroupRestrictions, GroupStage, IslandSlots,
@@ -402,3 +403,48 @@ def test_least_stages_never_rule_out_a_plan_under_the_bar(case, overlap, ratio):
     for bar in (brute.objective * ratio, brute.objective * (1 + 1e-9)):
         if not stages.might_beat(table.n_micro, bar):
             assert brute.objective >= bar * (1 - 1e-12), bar
+
+
+def _bisected_floor(stages, n: int, bar: float) -> float:
+    """The raised bottleneck floor by plain bisection over every cap index (the definition
+    :meth:`LeastStages.bottleneck_floor` searches faster)."""
+    floor, values = stages.capacity_floor(), stages.values
+    if not (np.isfinite(floor) and np.isfinite(bar)):
+        return floor
+    for _ in range(4):
+        lo, hi = int(np.searchsorted(values, floor)), values.size
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if (n - 1) * floor + stages.covered(mid) >= bar:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo >= values.size:
+            return math.inf
+        if values[lo] <= floor:
+            return floor
+        floor = float(values[lo])
+    return floor
+
+
+@settings(max_examples=150, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(stage_tables(), st.floats(0.3, 1.5), st.integers(1, 64))
+def test_the_bottleneck_floor_equals_a_bisection(case, ratio, n):
+    """The galloping search of the raised bottleneck floor lands where a bisection over every
+    cap does, on random relaxed tables and bars around their optimum."""
+    table, _ = case
+    stages = _least_of(table)
+    bar = ratio * (n - 1 + table.layers) * max(float(stages.capacity_floor()), 1e-3)
+    assert stages.bottleneck_floor(n, bar) == _bisected_floor(stages, n, bar)
+
+
+def test_the_first_useful_cap_by_exhaustion():
+    """Every cap count up to 40, every start and every threshold (caps below it useless):
+    the search returns the first useful index from the start, or the count when none is."""
+    for size in range(41):
+        caps = SimpleNamespace(values=np.arange(size))
+        for start in range(size + 1):
+            for t in range(size + 2):
+                got = LeastStages._first_useful(caps, start, lambda i, t=t: i < t)
+                assert got == min(max(start, t), size), (size, start, t)

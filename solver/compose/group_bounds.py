@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-__all__ = ["Slots", "LeastStages", "least_stages", "knapsack_layers", "cover_costs",
+__all__ = ["Slots", "LeastStages", "least_stages", "might_beat_with_iterations", "knapsack_layers", "cover_costs",
            "cover_costs_linear"]
 
 _INF = float("inf")
@@ -216,6 +216,13 @@ class LeastStages:
         """``L``: the model's layers."""
         return self.tmin.shape[2] - 1
 
+    def shorter(self, longest: np.ndarray) -> "LeastStages":
+        """These stages with at most ``longest[k, g]`` layers on group ``g`` of island ``k``
+        (a stage is then a stage of this one: every bound only rises)."""
+        keep = np.arange(self.tmin.shape[2]) <= longest[:, :, None]
+        tmin = np.where(keep, self.tmin, _INF)
+        return LeastStages(tmin, self.slots, np.unique(tmin[np.isfinite(tmin)]), self.per_layer)
+
     def capacity_floor(self) -> float:
         """A lower bound on the bottleneck: the least cap ``C`` under which the islands could
         hold all ``L`` layers at all, each group's longest slice within ``C`` and each island's
@@ -306,6 +313,28 @@ class LeastStages:
         floor = self.bottleneck_floor(n, bar)
         return bool(np.isfinite(floor)) and \
             (n - 1) * floor + max(floor, self._rate * self.layers) < bar
+
+
+def might_beat_with_iterations(levels: list[tuple[float, LeastStages]], n: int,
+                               bar: float) -> bool:
+    """False when no plan beats ``bar`` seconds with its per-iteration time counted, from
+    ``levels``: per distinct per-iteration floor ``v`` (ascending), the stages a plan whose
+    largest per-iteration floor is ``v`` may use (its stages' floors are within ``v``, which
+    bounds their lengths). Such a plan takes ``T >= T_pipe + v``, so the bar is checked at
+    each ``v`` on its stages (:meth:`LeastStages.might_beat` against ``bar − v``), from the
+    largest ``v`` down; the walk ends where even the least ``v`` leaves the stages too slow
+    (at a smaller ``v`` the stages are fewer, no faster). Provably safe when every plan's
+    largest per-iteration floor is one of the ``v``, its time at least that floor, and its
+    stages among that level's."""
+    least = levels[0][0]
+    for v, stages in reversed(levels):
+        if v >= bar:
+            continue  # a plan of per-iteration time v takes at least v
+        if stages.might_beat(n, bar - v):
+            return True
+        if not stages.might_beat(n, bar - least):
+            return False  # every smaller v: stages no faster, and at least the least v
+    return False
 
 
 def least_stages(per_layer: np.ndarray, gu: np.ndarray, ngroups: np.ndarray,

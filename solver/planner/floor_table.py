@@ -49,7 +49,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from solver.compose.group_bounds import LeastStages, least_stages
+from solver.compose.group_bounds import LeastStages, least_stages, might_beat_with_iterations
 from solver.compose.group_dp import beats
 from solver.compose.result import TooLargeError
 from solver.compose.stage_table import (UNLIMITED, GroupRestrictions, IslandSlots, Options,
@@ -245,17 +245,29 @@ def _least_stages(run: PlanningRun, spec: TableSpec | None) -> LeastStages | Non
     ``k`` (:attr:`GroupFloors.layer`), every length, with the groups in node granules. It
     depends on the micro-batch, not on ``n_micro`` or the bar, so a parallelizer that
     remembers keeps it, with the bounds computed on it, for every share and ``n_micro``."""
-    sizes = {i.name: spec.groups[i.name] if spec is not None and spec.groups is not None else
-             run.cache.sizes(i.name, run.features) for i in run.islands.islands}
-    sizes = {name: got for name, got in sizes.items() if got}
+    sizes = _group_sizes(run, spec)
     if not sizes:
         return None
     remember = getattr(run.cache.parallelizer, "remember", None)
     if remember is None:
         return _price_least_stages(run, sizes)
     key = ("least stages", replace(run.cache.context, n_micro=0), run.features,
-           tuple((name, len(run.cache.islands[name].nodes), got) for name, got in sizes.items()))
+           _sizes_key(run, spec))
     return remember(key, run.islands.islands[0], lambda: _price_least_stages(run, sizes))
+
+
+def _group_sizes(run: PlanningRun, spec: TableSpec | None) -> dict[str, tuple[int, ...]]:
+    """Each island's group sizes under ``spec`` (None: the run's own), islands without any
+    left out: the islands of the relaxed table, in its order."""
+    sizes = {i.name: spec.groups[i.name] if spec is not None and spec.groups is not None else
+             run.cache.sizes(i.name, run.features) for i in run.islands.islands}
+    return {name: got for name, got in sizes.items() if got}
+
+
+def _sizes_key(run: PlanningRun, spec: TableSpec | None) -> tuple:
+    """What the relaxed table depends on besides the micro-batch: islands, nodes, groups."""
+    return tuple((name, len(run.cache.islands[name].nodes), got)
+                 for name, got in _group_sizes(run, spec).items())
 
 
 def _price_least_stages(run: PlanningRun, sizes: dict[str, tuple[int, ...]]) -> LeastStages:
@@ -277,12 +289,61 @@ def _price_least_stages(run: PlanningRun, sizes: dict[str, tuple[int, ...]]) -> 
 def relaxed_cuts(run: PlanningRun, bar: float, spec: TableSpec | None = None) -> bool:
     """Whether the relaxed floor table (:func:`_least_stages`: no length rules, no head or
     embedding terms, no links, every group size) has no plan under ``bar``, by the group DP's
-    bounds before any pass (:meth:`~solver.compose.group_bounds.LeastStages.might_beat`). Provably
-    safe: every plan of the floor table is one of it, no faster. It settles most tables that
-    cannot beat the bar without building them; ``spec`` None: the run's own group sizes (a
-    search asks before it builds its spec, :func:`~solver.planner.search.plan_job`)."""
+    bounds before any pass (:meth:`~solver.compose.group_bounds.LeastStages.might_beat`), with
+    the per-iteration floors or without (:func:`_iterations_cut`). Provably safe: every plan of
+    the floor table is one of it, no faster. It settles most tables that cannot beat the bar
+    without building them; ``spec`` None: the run's own group sizes (a search asks before it
+    builds its spec, :func:`~solver.planner.search.plan_job`)."""
     stages = _least_stages(run, spec)
-    return stages is None or not stages.might_beat(run.n_micro, bar)
+    return stages is None or not stages.might_beat(run.n_micro, bar) or \
+        _iterations_cut(run, spec, bar)
+
+
+def _iterations_cut(run: PlanningRun, spec: TableSpec | None, bar: float) -> bool:
+    """Whether no plan of the relaxed floor table beats ``bar`` with its per-iteration time
+    counted (:func:`~solver.compose.group_bounds.might_beat_with_iterations` over
+    :func:`_iteration_stages`; provably safe). The per-iteration term is what the latency
+    bounds miss most (``fleet-8448``: 2.7% of its seven-island floor optimum; the check
+    settles 183 of the 210 floor-table proofs of its dearest replica plans)."""
+    levels = _iteration_stages(run, spec)
+    return bool(levels) and not might_beat_with_iterations(levels, run.n_micro, bar)
+
+
+def _iteration_stages(run: PlanningRun, spec: TableSpec | None
+                      ) -> list[tuple[float, LeastStages]] | None:
+    """Per distinct per-iteration floor ``v`` (ascending), the relaxed floor table's stages
+    cut to the longest slice of each group whose floor (the least over positions) is within
+    ``v``: longer ones cannot be in a plan whose largest per-iteration floor is ``v`` (shorter
+    ones above ``v`` stay: a relaxation). None where the parallelizer is not priced by the cost
+    model. Remembered as :func:`_least_stages`."""
+    stages = _least_stages(run, spec)
+    if stages is None or stage_calibration(run.cache.parallelizer) is None:
+        return None
+    remember = getattr(run.cache.parallelizer, "remember", None)
+    price = lambda: _price_iteration_stages(run, spec, stages)  # noqa: E731
+    if remember is None:
+        return price()
+    key = ("iteration stages", replace(run.cache.context, n_micro=0), run.features,
+           _sizes_key(run, spec))
+    return remember(key, run.islands.islands[0], price)
+
+
+def _price_iteration_stages(run: PlanningRun, spec: TableSpec | None,
+                            stages: LeastStages) -> list[tuple[float, LeastStages]]:
+    """:func:`_iteration_stages`, computed."""
+    sizes = _group_sizes(run, spec)
+    least = np.full(stages.tmin.shape, np.inf)  # least floor over positions, by length
+    for k, (name, got) in enumerate(sizes.items()):
+        for gi, g in enumerate(got):
+            floors = _group_iterations(run, run.cache.group(name, g))
+            least[k, gi, :] = np.min([floors[p] for p in Position], axis=0)
+    least[:, :, 0] = np.inf  # no stage holds no layer
+    lengths = np.arange(least.shape[2])
+    out = []
+    for v in np.unique(least[np.isfinite(least) & np.isfinite(stages.tmin)]):
+        longest = np.where(least <= v, lengths, 0).max(axis=2)
+        out.append((float(v), stages.shorter(longest)))
+    return out
 
 
 def floor_cuts(run: PlanningRun, spec: TableSpec, restrictions: GroupRestrictions,

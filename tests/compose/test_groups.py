@@ -18,7 +18,7 @@ from formulations.groups_cpsat import solve_groups_cpsat
 from formulations.groups_milp import solve_groups_milp
 from solver.compose.dp import compose_dp
 from solver.compose.group_brute import compose_groups_brute
-from solver.compose.group_bounds import LeastStages, least_stages
+from solver.compose.group_bounds import LeastStages, least_stages, might_beat_with_iterations
 from solver.compose.group_dp import beats, compose_groups_dp
 from solver.compose.group_pass import _Prep
 from solver.compose.stage_table import (UNLIMITED, GroupRestrictions, GroupStage, IslandSlots,
@@ -448,3 +448,23 @@ def test_the_first_useful_cap_by_exhaustion():
             for t in range(size + 2):
                 got = LeastStages._first_useful(caps, start, lambda i, t=t: i < t)
                 assert got == min(max(start, t), size), (size, start, t)
+
+
+def test_per_iteration_floors_by_hand():
+    # The island of test_least_stages_by_hand (4 nodes; d layers take 2d s on 1 node, d s on
+    # 2 nodes; 4 layers; n = 3), and a stage of d layers costs d s per iteration. Plans by
+    # their largest per-iteration time v: v = 1, four 1-node stages: 2·2 + 8 + 1 = 13;
+    # v = 2, two 2-node stages of 2 layers: 2·2 + 4 + 2 = 10; v = 3, 3 + 1 layers on 2 nodes
+    # each: 2·3 + 4 + 3 = 13; v = 4, one stage: 2·4 + 4 + 4 = 16. The best is 10, and the
+    # relaxed bounds at each v are exactly these pipelines.
+    stages = least_stages(np.array([[2.0, 1.0]]), np.array([[1, 2]]), np.array([2]),
+                          np.array([4]), 4)
+    levels = [(float(v), stages.shorter(np.array([[v, v]]))) for v in range(1, 5)]
+    assert not might_beat_with_iterations(levels, 3, 10.0)
+    assert might_beat_with_iterations(levels, 3, 10.0 + 1e-9)
+    assert stages.might_beat(3, 9.0)  # the latency bounds alone: 8
+    # Two levels only: v = 1 (1-layer stages, pipelines of at least 12) and v = 4 (any
+    # stage, at least 8): the bound is min(12 + 1, 8 + 4) = 12.
+    two = [levels[0], (4.0, stages)]
+    assert not might_beat_with_iterations(two, 3, 12.0)
+    assert might_beat_with_iterations(two, 3, 12.0 + 1e-9)

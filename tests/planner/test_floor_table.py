@@ -250,14 +250,15 @@ def _plan_or_none_with(job, upper, parallelizer):
 
 @pytest.mark.parametrize("name", JOBS)
 def test_the_relaxed_cut_never_cuts_where_the_floor_table_has_a_plan(name):
-    """The relaxed floor (every length, no head or embedding terms, no links) cuts only below
-    the latency floor table's optimum, and it does cut there: at 0.9 times it on some view."""
+    """The relaxed floor (every length, no head or embedding terms, no links; per-iteration
+    floors only as the cut to shorter stages) cuts only below the floor table's optimum, and
+    it does cut there: at 0.9 times it on some view."""
     from solver.planner.floor_table import relaxed_cuts
     cut_below = False
     for n in (2, 8):
         for run in _runs(name, n):
             spec = _spec(run)
-            table = floor_table(run, spec, link_rates(run))
+            table = floor_table(run, spec, link_rates(run), iterations=True)
             got = compose_groups_dp(table, _restrictions(run, frozenset(), None),
                                     run.job.planner.overlap)
             if not got.feasible:
@@ -266,3 +267,23 @@ def test_the_relaxed_cut_never_cuts_where_the_floor_table_has_a_plan(name):
                 assert not relaxed_cuts(run, got.objective * ratio, spec), (run.view, ratio)
             cut_below = cut_below or relaxed_cuts(run, got.objective * 0.9, spec)
     assert cut_below
+
+
+@pytest.mark.parametrize("name", ["small-7b-512", "v100-a100-llama2-13b"])
+def test_the_per_iteration_floors_cut_where_the_latency_bounds_do_not(name):
+    """At 0.98 times the floor table's optimum, some view the latency bounds alone cannot
+    settle is settled once the per-iteration floors count (the cut is below that optimum,
+    where no plan of the floor table is, so it is a right cut)."""
+    from solver.planner.floor_table import _least_stages, relaxed_cuts
+    settled = []
+    for run in [r for n in (2, 8) for r in _runs(name, n)]:
+        spec = _spec(run)
+        table = floor_table(run, spec, link_rates(run), iterations=True)
+        got = compose_groups_dp(table, _restrictions(run, frozenset(), None),
+                                run.job.planner.overlap)
+        if not got.feasible:
+            continue
+        bar = got.objective * 0.98
+        if _least_stages(run, spec).might_beat(run.n_micro, bar) and relaxed_cuts(run, bar, spec):
+            settled.append(run.view)
+    assert settled

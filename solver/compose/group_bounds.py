@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-__all__ = ["Slots", "LeastStages", "least_stages", "might_beat_with_iterations", "knapsack_layers", "cover_costs",
+__all__ = ["Slots", "LeastStages", "least_stages", "IterationLevels", "might_beat_with_iterations", "layers_within", "knapsack_layers", "cover_costs",
            "cover_costs_linear"]
 
 _INF = float("inf")
@@ -38,6 +38,23 @@ def knapsack_layers(units: int, sizes: np.ndarray, value: np.ndarray) -> int:
                 top = best[u - g] + value[i]
         best[u] = top
     return best[units]
+
+
+@njit(cache=True)
+def layers_within(units: np.ndarray, gu: np.ndarray, ngroups: np.ndarray,
+                  longest: np.ndarray, depth: int) -> int:
+    """Most layers the islands' stages hold when a stage on group ``g`` of island ``k``
+    holds at most ``longest[k, g]`` layers: per island :func:`knapsack_layers` over its
+    groups within its ``units[k]`` granules, at most ``depth`` stages' worth, summed."""
+    total = 0
+    for k in range(units.size):
+        ng = ngroups[k]
+        got = knapsack_layers(units[k], gu[k, :ng], longest[k, :ng])
+        top = 0
+        for gi in range(ng):
+            top = max(top, longest[k, gi])
+        total += min(got, depth * top)
+    return total
 
 
 @njit(cache=True, inline="always")
@@ -238,9 +255,7 @@ class LeastStages:
 
         def layers_under(cap: float) -> int:
             longest = np.where(tmin <= cap, lengths, 0).max(axis=2)  # per island and group
-            return sum(_knapsack(int(slots.units[k]), slots.gu[k, :slots.ngroups[k]],
-                                 longest[k, :slots.ngroups[k]], slots.depth)
-                       for k in range(len(slots.units)))
+            return layers_within(slots.units, slots.gu, slots.ngroups, longest, slots.depth)
 
         lo, hi = 0, values.size - 1
         if values.size == 0 or layers_under(float(values[hi])) < big_l:
@@ -310,29 +325,66 @@ class LeastStages:
         (n−1)·floor + max(floor, L · least τ/d)`` with the raised bottleneck floor. Provably
         safe for every table whose stages take at least these latencies, on these groups or
         fewer, within the same nodes and at most ``slots.depth`` stages."""
+        return self.pipe_floor(n, bar) < bar
+
+    def pipe_floor(self, n: int, bar: float) -> float:
+        """What every plan of these stages whose pipeline beats ``bar`` takes at least:
+        ``(n−1)·floor + max(floor, L · least τ/d)``, the bottleneck floor raised against
+        ``bar`` (``inf``: no plan beats it)."""
         floor = self.bottleneck_floor(n, bar)
-        return bool(np.isfinite(floor)) and \
-            (n - 1) * floor + max(floor, self._rate * self.layers) < bar
+        if not np.isfinite(floor):
+            return _INF
+        return (n - 1) * floor + max(floor, self._rate * self.layers)
 
 
-def might_beat_with_iterations(levels: list[tuple[float, LeastStages]], n: int,
-                               bar: float) -> bool:
-    """False when no plan beats ``bar`` seconds with its per-iteration time counted, from
-    ``levels``: per distinct per-iteration floor ``v`` (ascending), the stages a plan whose
-    largest per-iteration floor is ``v`` may use (its stages' floors are within ``v``, which
-    bounds their lengths). Such a plan takes ``T >= T_pipe + v``, so the bar is checked at
-    each ``v`` on its stages (:meth:`LeastStages.might_beat` against ``bar − v``), from the
-    largest ``v`` down; the walk ends where even the least ``v`` leaves the stages too slow
-    (at a smaller ``v`` the stages are fewer, no faster). Provably safe when every plan's
-    largest per-iteration floor is one of the ``v``, its time at least that floor, and its
-    stages among that level's."""
-    least = levels[0][0]
-    for v, stages in reversed(levels):
-        if v >= bar:
-            continue  # a plan of per-iteration time v takes at least v
+class IterationLevels:
+    """Stages by the largest per-iteration floor ``v`` of a plan: a plan whose largest floor
+    is ``v`` has only stages whose floors are within ``v``, which bounds their lengths
+    (:meth:`stages`). Built lazily, each level once: a walk
+    (:func:`might_beat_with_iterations`) mostly reads a few.
+
+    ``base``: every stage; ``values``: the distinct floors, ascending; ``floors[k, g, d]``:
+    the floor of a stage of ``d`` layers on group ``g`` of island ``k`` (``inf``: none).
+    """
+
+    def __init__(self, base: LeastStages, floors: np.ndarray):
+        self.base, self._floors = base, floors
+        self.values = np.unique(floors[np.isfinite(floors) & np.isfinite(base.tmin)])
+        self._levels: dict[int, LeastStages] = {}
+
+    def stages(self, i: int) -> LeastStages:
+        """The stages a plan of largest floor ``values[i]`` may use: on each group, the
+        lengths up to the longest whose floor is within it (shorter ones above it stay: a
+        relaxation)."""
+        got = self._levels.get(i)
+        if got is None:
+            lengths = np.arange(self._floors.shape[2])
+            longest = np.where(self._floors <= self.values[i], lengths, 0).max(axis=2)
+            got = self._levels[i] = self.base.shorter(longest)
+        return got
+
+
+def might_beat_with_iterations(levels: IterationLevels, n: int, bar: float) -> bool:
+    """False when no plan beats ``bar`` seconds with its per-iteration time counted. A plan of
+    largest per-iteration floor ``v`` takes ``T >= T_pipe + v`` with its stages among
+    ``levels.stages`` of ``v``: the bar is checked at each ``v`` on those stages
+    (:meth:`LeastStages.might_beat` against ``bar − v``), from the largest ``v`` down; a ``v``
+    at which even all stages leave no room is passed over, and the walk ends where even the
+    least ``v`` leaves the stages too slow (at a smaller ``v`` the stages are fewer, no
+    faster). Provably safe when every plan's largest per-iteration floor is one of the ``v``,
+    its time at least that floor, and its stages among that level's."""
+    values = levels.values
+    if not values.size:
+        return levels.base.might_beat(n, bar)
+    room = bar - levels.base.pipe_floor(n, bar)  # the most v a plan beating bar can have
+    for i in range(values.size - 1, -1, -1):
+        v = float(values[i])
+        if v >= room:
+            continue
+        stages = levels.stages(i)
         if stages.might_beat(n, bar - v):
             return True
-        if not stages.might_beat(n, bar - least):
+        if not stages.might_beat(n, bar - float(values[0])):
             return False  # every smaller v: stages no faster, and at least the least v
     return False
 
@@ -348,10 +400,3 @@ def least_stages(per_layer: np.ndarray, gu: np.ndarray, ngroups: np.ndarray,
     depth = min(layers, int(sum(units[k] // gu[k, :ngroups[k]].min()
                                 for k in range(len(units)) if ngroups[k])))
     return LeastStages(tmin, Slots(gu, ngroups, units, depth), per_layer=per_layer)
-
-
-def _knapsack(units: int, sizes, value, most: int) -> int:
-    """Most layers of stages whose group sizes (node granules) add up to at most ``units``."""
-    value = np.asarray(value, dtype=np.int64)
-    got = knapsack_layers(units, np.asarray(sizes, dtype=np.int64), value)
-    return min(int(got), most * int(value.max(initial=0)))

@@ -49,7 +49,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from solver.compose.group_bounds import LeastStages, least_stages, might_beat_with_iterations
+from solver.compose.group_bounds import (IterationLevels, LeastStages, least_stages,
+                                         might_beat_with_iterations)
 from solver.compose.group_dp import beats
 from solver.compose.result import TooLargeError
 from solver.compose.stage_table import (UNLIMITED, GroupRestrictions, IslandSlots, Options,
@@ -306,16 +307,14 @@ def _iterations_cut(run: PlanningRun, spec: TableSpec | None, bar: float) -> boo
     bounds miss most (``fleet-8448``: 2.7% of its seven-island floor optimum; the check
     settles 183 of the 210 floor-table proofs of its dearest replica plans)."""
     levels = _iteration_stages(run, spec)
-    return bool(levels) and not might_beat_with_iterations(levels, run.n_micro, bar)
+    return levels is not None and not might_beat_with_iterations(levels, run.n_micro, bar)
 
 
-def _iteration_stages(run: PlanningRun, spec: TableSpec | None
-                      ) -> list[tuple[float, LeastStages]] | None:
-    """Per distinct per-iteration floor ``v`` (ascending), the relaxed floor table's stages
-    cut to the longest slice of each group whose floor (the least over positions) is within
-    ``v``: longer ones cannot be in a plan whose largest per-iteration floor is ``v`` (shorter
-    ones above ``v`` stay: a relaxation). None where the parallelizer is not priced by the cost
-    model. Remembered as :func:`_least_stages`."""
+def _iteration_stages(run: PlanningRun, spec: TableSpec | None) -> IterationLevels | None:
+    """The relaxed floor table's stages by the largest per-iteration floor of a plan
+    (:class:`~solver.compose.group_bounds.IterationLevels`; a stage's floor is the least over
+    positions of :func:`_group_iterations`). None where the parallelizer is not priced by
+    the cost model. Remembered as :func:`_least_stages`."""
     stages = _least_stages(run, spec)
     if stages is None or stage_calibration(run.cache.parallelizer) is None:
         return None
@@ -329,21 +328,16 @@ def _iteration_stages(run: PlanningRun, spec: TableSpec | None
 
 
 def _price_iteration_stages(run: PlanningRun, spec: TableSpec | None,
-                            stages: LeastStages) -> list[tuple[float, LeastStages]]:
+                            stages: LeastStages) -> IterationLevels:
     """:func:`_iteration_stages`, computed."""
-    sizes = _group_sizes(run, spec)
-    least = np.full(stages.tmin.shape, np.inf)  # least floor over positions, by length
-    for k, (name, got) in enumerate(sizes.items()):
+    floors = np.zeros(stages.tmin.shape)  # no floor known: 0, the stage fits every level
+    for k, (name, got) in enumerate(_group_sizes(run, spec).items()):
         for gi, g in enumerate(got):
-            floors = _group_iterations(run, run.cache.group(name, g))
-            least[k, gi, :] = np.min([floors[p] for p in Position], axis=0)
-    least[:, :, 0] = np.inf  # no stage holds no layer
-    lengths = np.arange(least.shape[2])
-    out = []
-    for v in np.unique(least[np.isfinite(least) & np.isfinite(stages.tmin)]):
-        longest = np.where(least <= v, lengths, 0).max(axis=2)
-        out.append((float(v), stages.shorter(longest)))
-    return out
+            by_position = _group_iterations(run, run.cache.group(name, g))
+            floors[k, gi] = np.min([by_position[p] for p in Position], axis=0)
+    floors[~np.isfinite(floors)] = 0.0
+    floors[:, :, 0] = np.inf  # no stage holds no layer
+    return IterationLevels(stages, floors)
 
 
 def floor_cuts(run: PlanningRun, spec: TableSpec, restrictions: GroupRestrictions,

@@ -18,7 +18,8 @@ from formulations.groups_cpsat import solve_groups_cpsat
 from formulations.groups_milp import solve_groups_milp
 from solver.compose.dp import compose_dp
 from solver.compose.group_brute import compose_groups_brute
-from solver.compose.group_bounds import LeastStages, least_stages, might_beat_with_iterations
+from solver.compose.group_bounds import (IterationLevels, LeastStages, least_stages,
+                                         might_beat_with_iterations)
 from solver.compose.group_dp import beats, compose_groups_dp
 from solver.compose.group_pass import _Prep
 from solver.compose.stage_table import (UNLIMITED, GroupRestrictions, GroupStage, IslandSlots,
@@ -459,12 +460,16 @@ def test_per_iteration_floors_by_hand():
     # relaxed bounds at each v are exactly these pipelines.
     stages = least_stages(np.array([[2.0, 1.0]]), np.array([[1, 2]]), np.array([2]),
                           np.array([4]), 4)
-    levels = [(float(v), stages.shorter(np.array([[v, v]]))) for v in range(1, 5)]
+    floors = np.tile(np.arange(5.0), (1, 2, 1))
+    floors[:, :, 0] = math.inf
+    levels = IterationLevels(stages, floors)
+    assert levels.values.tolist() == [1, 2, 3, 4]
     assert not might_beat_with_iterations(levels, 3, 10.0)
     assert might_beat_with_iterations(levels, 3, 10.0 + 1e-9)
     assert stages.might_beat(3, 9.0)  # the latency bounds alone: 8
-    # Two levels only: v = 1 (1-layer stages, pipelines of at least 12) and v = 4 (any
-    # stage, at least 8): the bound is min(12 + 1, 8 + 4) = 12.
-    two = [levels[0], (4.0, stages)]
+    # Floors 1 for one layer, 4 for more: v = 1 (1-layer stages, pipelines of at least 12)
+    # or v = 4 (any stage, at least 8): the bound is min(12 + 1, 8 + 4) = 12.
+    floors[:, :, 2:] = 4.0
+    two = IterationLevels(stages, floors)
     assert not might_beat_with_iterations(two, 3, 12.0)
     assert might_beat_with_iterations(two, 3, 12.0 + 1e-9)

@@ -134,7 +134,7 @@ def _shrink_tops(reps: ReplicaMemo, part: Partition, unit: int,
         # A top that fails is cheap (the floor table settles it) and may settle the
         # partition; one that holds is dear (an exact plan) and never settles it.
         ask = _ask(st)
-        r = min(walking, key=lambda r: (bool(reps.unknown([(part[r], his[r], ask)])),
+        r = min(walking, key=lambda r: (not reps.answers(part[r], his[r], ask),
                                         -his[r] * whole[r]))
         yield [(part[r], his[r], ask)]
         times[r][his[r]] = reps.time(part[r], his[r], ask)

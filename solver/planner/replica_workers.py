@@ -164,9 +164,6 @@ class ReplicaPlanner:
         return max(1, len(self._conns))
 
 
-def _key(group: Sequence[Island], share: int) -> tuple[tuple[str, ...], int]:
-    """Memo key of a replica: its islands' names and its share."""
-    return tuple(i.name for i in group), share
 
 
 class ReplicaMemo:
@@ -183,11 +180,25 @@ class ReplicaMemo:
         self.calib = kernel_calibration(planner.par)  # the floors' kernel rates, read once
         self.plans: dict[tuple[tuple[str, ...], int], Plan | float] = {}
         self._floors: dict[tuple[str, ...], float] = {}  # whole-batch floors by island names
+        self._names: dict[int, tuple[Sequence[Island], tuple[str, ...]]] = {}
         self.calls = 0
+
+    def _key(self, group: Sequence[Island], share: int) -> tuple[tuple[str, ...], int]:
+        """Memo key of a replica: its islands' names and its share. The names are kept per
+        group object (the search asks about the same groups hundreds of thousands of times);
+        the group is kept with them, so its id is not reused."""
+        got = self._names.get(id(group))
+        if got is None:
+            got = self._names[id(group)] = (group, tuple(i.name for i in group))
+        return got[1], share
 
     def _known(self, key: tuple[tuple[str, ...], int], budget: float) -> bool:
         got = self.plans.get(key)
         return isinstance(got, Plan) or (got is not None and budget <= got)
+
+    def answers(self, group: Sequence[Island], share: int, budget: float) -> bool:
+        """Whether :meth:`time` answers the replica at ``budget`` without planning."""
+        return self._known(self._key(group, share), budget)
 
     def known(self, ask: Ask) -> bool:
         """Whether :meth:`time` answers the ask (island names, share, budget) without planning."""
@@ -208,7 +219,8 @@ class ReplicaMemo:
         answers the others)."""
         todo: dict[tuple[tuple[str, ...], int], float] = {}
         for g, b, u in asks:
-            todo[_key(g, b)] = max(u, todo.get(_key(g, b), u))
+            key = self._key(g, b)
+            todo[key] = max(u, todo.get(key, u))
         return {k: u for k, u in todo.items() if not self._known(k, u)}
 
     def prefetch(self, asks: Sequence[tuple[tuple[Island, ...], int, float]]) -> None:
@@ -223,7 +235,7 @@ class ReplicaMemo:
 
     def time(self, group: tuple[Island, ...], share: int, budget: float = math.inf) -> float:
         """The replica's iteration time, or ``inf`` when no plan is faster than ``budget``."""
-        key = _key(group, share)
+        key = self._key(group, share)
         if not self._known(key, budget):
             self._store(key, self.planner.plan([(key[0], share, budget)])[0], budget)
         got = self.plans[key]
@@ -232,7 +244,7 @@ class ReplicaMemo:
     def whole_floor(self, group: Sequence[Island]) -> float:
         """:func:`~solver.planner.replica_bounds.replica_floor` of ``group`` at the whole batch
         (linear in the share), computed once per group: every partition reads it."""
-        key = _key(group, 0)[0]
+        key = self._key(group, 0)[0]
         if key not in self._floors:
             self._floors[key] = replica_floor(self.job, group, self.job.training.global_batch,
                                               self.calib)
@@ -240,6 +252,6 @@ class ReplicaMemo:
 
     def plan(self, group: tuple[Island, ...], share: int) -> Plan:
         """The plan found by :meth:`time` for shares that won."""
-        got = self.plans[_key(group, share)]
+        got = self.plans[self._key(group, share)]
         assert isinstance(got, Plan)
         return got

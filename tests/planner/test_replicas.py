@@ -178,16 +178,19 @@ def test_never_worse_than_one_pipeline(tmp_path, gbits, batch):
         assert rp.replicas[0].plan is single
 
 
-@pytest.mark.parametrize("probe", [None, 1e-9])
+@pytest.mark.parametrize("probe", [None, 0.97, 1e-9])
 @pytest.mark.parametrize("gbits,batch", [(25.0, 32), (100.0, 64), (800.0, 128), (400.0, 96)])
 def test_the_single_pipeline_planned_by_the_search_gives_the_same_plan(tmp_path, monkeypatch,
                                                                        gbits, batch, probe):
     # Planned after the first replicas and bounded by them, the single pipeline is cut where
     # replicas win and found where it wins (at 25 Gb/s: below), so the result is the one of
-    # the single pipeline planned first. A probe bound near 0 cuts it at first every time:
-    # the plan then comes from the second search, bounded by the final incumbent.
+    # the single pipeline planned first. With these few partitions it is planned once, at
+    # the first incumbent; as with many partitions, first below a share of it (``probe``):
+    # near 0 that cuts it every time, and the plan comes from the second search, bounded by
+    # the final incumbent.
     import solver.planner.replicas as replicas
     if probe is not None:
+        monkeypatch.setattr(replicas, "FEW_PARTITIONS", 0)
         monkeypatch.setattr(replicas, "SINGLE_PROBE", probe)
     job = load_job(_write(tmp_path, gbits=gbits, batch=batch))
     single = plan_job(job)

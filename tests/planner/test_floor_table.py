@@ -248,6 +248,18 @@ def _plan_or_none_with(job, upper, parallelizer):
         return None
 
 
+def _floor_optima(name: str):
+    """``(run, spec, the floor table's optimum)`` of every view of ``name`` at n = 2 and 8
+    whose floor table has a plan."""
+    for run in [r for n in (2, 8) for r in _runs(name, n)]:
+        spec = _spec(run)
+        table = floor_table(run, spec, link_rates(run), iterations=True)
+        got = compose_groups_dp(table, _restrictions(run, frozenset(), None),
+                                run.job.planner.overlap)
+        if got.feasible:
+            yield run, spec, got.objective
+
+
 @pytest.mark.parametrize("name", JOBS)
 def test_the_relaxed_cut_never_cuts_where_the_floor_table_has_a_plan(name):
     """The relaxed floor (every length, no head or embedding terms, no links; per-iteration
@@ -255,17 +267,10 @@ def test_the_relaxed_cut_never_cuts_where_the_floor_table_has_a_plan(name):
     it does cut there: at 0.9 times it on some view."""
     from solver.planner.floor_table import relaxed_cuts
     cut_below = False
-    for n in (2, 8):
-        for run in _runs(name, n):
-            spec = _spec(run)
-            table = floor_table(run, spec, link_rates(run), iterations=True)
-            got = compose_groups_dp(table, _restrictions(run, frozenset(), None),
-                                    run.job.planner.overlap)
-            if not got.feasible:
-                continue
-            for ratio in (1 + 1e-9, 1.01, 1.5):
-                assert not relaxed_cuts(run, got.objective * ratio, spec), (run.view, ratio)
-            cut_below = cut_below or relaxed_cuts(run, got.objective * 0.9, spec)
+    for run, spec, best in _floor_optima(name):
+        for ratio in (1 + 1e-9, 1.01, 1.5):
+            assert not relaxed_cuts(run, best * ratio, spec), (run.view, ratio)
+        cut_below = cut_below or relaxed_cuts(run, best * 0.9, spec)
     assert cut_below
 
 
@@ -275,15 +280,7 @@ def test_the_per_iteration_floors_cut_where_the_latency_bounds_do_not(name):
     settle is settled once the per-iteration floors count (the cut is below that optimum,
     where no plan of the floor table is, so it is a right cut)."""
     from solver.planner.floor_table import _least_stages, relaxed_cuts
-    settled = []
-    for run in [r for n in (2, 8) for r in _runs(name, n)]:
-        spec = _spec(run)
-        table = floor_table(run, spec, link_rates(run), iterations=True)
-        got = compose_groups_dp(table, _restrictions(run, frozenset(), None),
-                                run.job.planner.overlap)
-        if not got.feasible:
-            continue
-        bar = got.objective * 0.98
-        if _least_stages(run, spec).might_beat(run.n_micro, bar) and relaxed_cuts(run, bar, spec):
-            settled.append(run.view)
+    settled = [run.view for run, spec, best in _floor_optima(name)
+               if _least_stages(run, spec).might_beat(run.n_micro, best * 0.98)
+               and relaxed_cuts(run, best * 0.98, spec)]
     assert settled

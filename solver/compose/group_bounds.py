@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-__all__ = ["Slots", "LeastStages", "least_stages", "IterationLevels", "might_beat_with_iterations", "layers_within", "knapsack_layers", "cover_costs",
-           "cover_costs_linear"]
+__all__ = ["Slots", "LeastStages", "least_stages", "IterationLevels", "might_beat_with_iterations",
+           "layers_within", "knapsack_layers", "cover_costs", "cover_costs_linear"]
 
 _INF = float("inf")
 

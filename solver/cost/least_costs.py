@@ -64,12 +64,14 @@ def least_latencies(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigA
 
 
 def least_iterations(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigArrays,
-                     lengths: np.ndarray, has_embedding: bool, has_head: bool,
+                     lengths: np.ndarray, has_embedding, has_head,
                      calib: Calibration = DEFAULT_CALIBRATION,
                      runtime: Runtime = Runtime()) -> np.ndarray:
     """Per length, the least per-iteration seconds (exposed gradient sync and optimizer step)
     of a stage without internal pipelining over the configurations ``cfg`` (their ZeRO stages
-    as given; recomputation and offload at any setting).
+    as given; recomputation and offload at any setting). ``has_embedding`` and ``has_head``:
+    one flag for every length, or one per length (several positions priced in one call, each
+    value as when priced alone).
 
     :func:`substage_costs` hides the sync behind the pass's compute (:func:`~solver.cost.sync.
     hide`, non-increasing in that window), and recomputation only lengthens the backward
@@ -83,7 +85,8 @@ def least_iterations(model: ModelSpec, island: Island, seq_len: int, cfg: Config
     ti = _time_inputs(model, island, seq_len, calib, runtime)
     rows = np.tile(np.arange(m), lengths.size)  # configuration of each (length, config) row
     d = np.repeat(lengths, m).astype(float)
-    emb, head = np.asarray(has_embedding), np.asarray(has_head)
+    emb, head = (np.repeat(np.broadcast_to(np.asarray(flag), lengths.shape), m)
+                 for flag in (has_embedding, has_head))
     codes = np.asarray(cfg.recompute)
     # The per-micro-batch times depend on the configuration, not the length: once per
     # configuration, then spread over the lengths (the same sums as for every row).

@@ -143,9 +143,11 @@ def _group_iterations(run: PlanningRun, group: Island) -> dict[Position, np.ndar
     def price() -> dict[Position, np.ndarray]:
         cfg = _layout_configs(run, _group_layouts(run, group))
         lengths = np.arange(1, model.layers + 1)
-        return {pos: _step_down(np.concatenate([[0.0], least_iterations(
-            model, group, ctx.seq_len, cfg, lengths, pos in (Position.FIRST, Position.ONLY),
-            pos in (Position.LAST, Position.ONLY), calib, ctx.runtime)])) for pos in Position}
+        first = np.repeat([p in (Position.FIRST, Position.ONLY) for p in Position], lengths.size)
+        last = np.repeat([p in (Position.LAST, Position.ONLY) for p in Position], lengths.size)
+        every = least_iterations(model, group, ctx.seq_len, cfg, np.tile(lengths, len(Position)),
+                                 first, last, calib, ctx.runtime).reshape(len(Position), -1)
+        return {pos: _step_down(np.concatenate([[0.0], row])) for pos, row in zip(Position, every)}
     return _remembered(run, group, "iterations", price)
 
 

@@ -56,8 +56,9 @@ def test_least_latencies_are_one_layer_stages_and_bound_every_stage(name):
 
 @pytest.mark.parametrize("name", ["seed-llama3-70b", "mixtral-a100-h100", "small-7b-512"])
 def test_least_iterations_bound_every_stage_and_are_exact_under_full_recomputation(name):
-    """Per length and position, no configuration's per-iteration time is below the least;
-    a configuration with full recomputation (the widest backward window, the one the floor
+    """Per length and position, no configuration's per-iteration time is below the least (the
+    positions priced one at a time or all in one call, the same values); a configuration with
+    full recomputation (the widest backward window, the one the floor
     assumes) has exactly its own."""
     from solver.cost.least_costs import least_iterations
     job = load_job(INSTANCES / "jobs" / f"{name}.toml")
@@ -71,9 +72,15 @@ def test_least_iterations_bound_every_stage_and_are_exact_under_full_recomputati
     cfg = cfg.take(np.flatnonzero(np.asarray(cfg.pp) == 1))
     lengths = np.array([1, 3, 7])
     pipe = PipelineSetting(8)
-    for first, last in ((False, False), (True, False), (False, True)):
+    ends = ((False, False), (True, False), (False, True), (True, True))
+    # Every position in one call (flags per length): each value as when priced alone.
+    together = least_iterations(job.model, group, ctx.seq_len, cfg, np.tile(lengths, 4),
+                                np.repeat([f for f, _ in ends], 3),
+                                np.repeat([h for _, h in ends], 3), par.calibration, runtime)
+    for first, last in ends:
         least = least_iterations(job.model, group, ctx.seq_len, cfg, lengths, first, last,
                                  par.calibration, runtime)
+        assert together[3 * ends.index((first, last)):][:3].tolist() == least.tolist()
         for d, low in zip(lengths, least):
             it = stage_costs(ModelSlice(job.model, int(d), first, last), group, ctx.seq_len,
                              cfg, pipe, par.calibration, runtime).iteration_s

@@ -64,7 +64,8 @@ def least_latencies(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigA
 
 
 def least_iterations(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigArrays,
-                     lengths: np.ndarray, has_embedding, has_head,
+                     lengths: np.ndarray, has_embedding: bool | np.ndarray,
+                     has_head: bool | np.ndarray,
                      calib: Calibration = DEFAULT_CALIBRATION,
                      runtime: Runtime = Runtime()) -> np.ndarray:
     """Per length, the least per-iteration seconds (exposed gradient sync and optimizer step)

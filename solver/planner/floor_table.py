@@ -255,7 +255,7 @@ def _least_stages(run: PlanningRun, spec: TableSpec | None) -> LeastStages | Non
     if remember is None:
         return _price_least_stages(run, sizes)
     key = ("least stages", replace(run.cache.context, n_micro=0), run.features,
-           _sizes_key(run, spec))
+           _sizes_key(run, sizes))
     return remember(key, run.islands.islands[0], lambda: _price_least_stages(run, sizes))
 
 
@@ -267,10 +267,10 @@ def _group_sizes(run: PlanningRun, spec: TableSpec | None) -> dict[str, tuple[in
     return {name: got for name, got in sizes.items() if got}
 
 
-def _sizes_key(run: PlanningRun, spec: TableSpec | None) -> tuple:
-    """What the relaxed table depends on besides the micro-batch: islands, nodes, groups."""
-    return tuple((name, len(run.cache.islands[name].nodes), got)
-                 for name, got in _group_sizes(run, spec).items())
+def _sizes_key(run: PlanningRun, sizes: dict[str, tuple[int, ...]]) -> tuple:
+    """What the relaxed table depends on besides the micro-batch: islands, nodes, groups
+    (``sizes``: :func:`_group_sizes`)."""
+    return tuple((name, len(run.cache.islands[name].nodes), got) for name, got in sizes.items())
 
 
 def _price_least_stages(run: PlanningRun, sizes: dict[str, tuple[int, ...]]) -> LeastStages:
@@ -299,41 +299,45 @@ def relaxed_cuts(run: PlanningRun, bar: float, spec: TableSpec | None = None) ->
     builds its spec, :func:`~solver.planner.search.plan_job`)."""
     stages = _least_stages(run, spec)
     return stages is None or not stages.might_beat(run.n_micro, bar) or \
-        _iterations_cut(run, spec, bar)
+        _iterations_cut(run, spec, stages, bar)
 
 
-def _iterations_cut(run: PlanningRun, spec: TableSpec | None, bar: float) -> bool:
+def _iterations_cut(run: PlanningRun, spec: TableSpec | None, stages: LeastStages,
+                    bar: float) -> bool:
     """Whether no plan of the relaxed floor table beats ``bar`` with its per-iteration time
     counted (:func:`~solver.compose.group_bounds.might_beat_with_iterations` over
     :func:`_iteration_stages`; provably safe). The per-iteration term is what the latency
     bounds miss most (``fleet-8448``: 2.7% of its seven-island floor optimum; the check
-    settles 183 of the 210 floor-table proofs of its dearest replica plans)."""
-    levels = _iteration_stages(run, spec)
+    settles 183 of the 210 floor-table proofs of its dearest replica plans). ``stages``:
+    :func:`_least_stages` of ``run`` and ``spec``."""
+    levels = _iteration_stages(run, spec, stages)
     return levels is not None and not might_beat_with_iterations(levels, run.n_micro, bar)
 
 
-def _iteration_stages(run: PlanningRun, spec: TableSpec | None) -> IterationLevels | None:
-    """The relaxed floor table's stages by the largest per-iteration floor of a plan
-    (:class:`~solver.compose.group_bounds.IterationLevels`; a stage's floor is the least over
-    positions of :func:`_group_iterations`). None where the parallelizer is not priced by
-    the cost model. Remembered as :func:`_least_stages`."""
-    stages = _least_stages(run, spec)
-    if stages is None or stage_calibration(run.cache.parallelizer) is None:
+def _iteration_stages(run: PlanningRun, spec: TableSpec | None,
+                      stages: LeastStages) -> IterationLevels | None:
+    """The relaxed floor table's ``stages`` (:func:`_least_stages`) by the largest
+    per-iteration floor of a plan (:class:`~solver.compose.group_bounds.IterationLevels`; a
+    stage's floor is the least over positions of :func:`_group_iterations`). None where the
+    parallelizer is not priced by the cost model. Remembered as :func:`_least_stages`."""
+    if stage_calibration(run.cache.parallelizer) is None:
         return None
+    sizes = _group_sizes(run, spec)
     remember = getattr(run.cache.parallelizer, "remember", None)
-    price = lambda: _price_iteration_stages(run, spec, stages)  # noqa: E731
+    price = lambda: _price_iteration_stages(run, sizes, stages)  # noqa: E731
     if remember is None:
         return price()
     key = ("iteration stages", replace(run.cache.context, n_micro=0), run.features,
-           _sizes_key(run, spec))
+           _sizes_key(run, sizes))
     return remember(key, run.islands.islands[0], price)
 
 
-def _price_iteration_stages(run: PlanningRun, spec: TableSpec | None,
+def _price_iteration_stages(run: PlanningRun, sizes: dict[str, tuple[int, ...]],
                             stages: LeastStages) -> IterationLevels:
-    """:func:`_iteration_stages`, computed."""
+    """:func:`_iteration_stages`, computed (``sizes``: :func:`_group_sizes`, the table's
+    islands in its order)."""
     floors = np.zeros(stages.tmin.shape)  # no floor known: 0, the stage fits every level
-    for k, (name, got) in enumerate(_group_sizes(run, spec).items()):
+    for k, (name, got) in enumerate(sizes.items()):
         for gi, g in enumerate(got):
             by_position = _group_iterations(run, run.cache.group(name, g))
             floors[k, gi] = np.min([by_position[p] for p in Position], axis=0)

@@ -164,8 +164,6 @@ class ReplicaPlanner:
         return max(1, len(self._conns))
 
 
-
-
 class ReplicaMemo:
     """Replica plans by (islands, share), each planned once, by ``planner``.
 

@@ -8,6 +8,7 @@ and gap come from the solver (bound unscaled to seconds, on the rounded data).
 
 from __future__ import annotations
 
+import math
 from time import perf_counter
 from types import MappingProxyType
 from typing import Any, Sequence
@@ -56,7 +57,8 @@ class _CpBackend:
 
 
 def solve_cpsat(table: LatencyTable, restrictions: Restrictions | None = None,
-                overlap: bool = False, time_limit_s: float = 10.0) -> CompositionResult:
+                overlap: bool = False, time_limit_s: float = 10.0, *,
+                work_limit: float | None = None) -> CompositionResult:
     """Optimal composition with CP-SAT (within ``scaling.objective_tolerance``).
 
     Parameters
@@ -68,7 +70,11 @@ def solve_cpsat(table: LatencyTable, restrictions: Restrictions | None = None,
     overlap : bool
         Overlapped objective (eq. 9).
     time_limit_s : float
-        Wall-clock limit; on expiry the best plan found is returned with status FEASIBLE.
+        Wall-clock limit (``math.inf``: none); on expiry the best plan found is returned with
+        status FEASIBLE.
+    work_limit : float, optional
+        A deterministic limit instead of the wall clock (:func:`_make_solver`): the same answer
+        on any machine under any load.
 
     Returns
     -------
@@ -82,9 +88,9 @@ def solve_cpsat(table: LatencyTable, restrictions: Restrictions | None = None,
     if built is None:
         return infeasible_result("cpsat", perf_counter() - t0)
     model.minimize(built.objective)
-    solver = _make_solver(time_limit_s)
+    solver = _make_solver(time_limit_s, work_limit)
     code = solver.solve(model)
-    status = _status(code, solver.wall_time, time_limit_s)
+    status = _status(code, solver, time_limit_s, work_limit)
     elapsed = perf_counter() - t0
     if status not in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
         return CompositionResult((), None, "cpsat", False, status, elapsed)
@@ -99,17 +105,32 @@ def solve_cpsat(table: LatencyTable, restrictions: Restrictions | None = None,
                              elapsed, min(to_seconds(bound, scale), objective), gap)
 
 
-def _make_solver(time_limit_s: float) -> cp_model.CpSolver:
+def _make_solver(time_limit_s: float, work_limit: float | None = None) -> cp_model.CpSolver:
+    """A seeded CpSolver stopped by the wall clock (``time_limit_s``, none when infinite) or,
+    with ``work_limit``, by CP-SAT's deterministic time (``max_deterministic_time``, a count of
+    the work done) on one worker: a portfolio of workers races on the clock, one worker with a
+    fixed seed repeats the same search, so the result does not depend on the machine's load."""
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit_s)
     solver.parameters.num_workers = NUM_WORKERS
     solver.parameters.random_seed = RANDOM_SEED
+    if work_limit is not None:
+        solver.parameters.num_workers = 1
+        solver.parameters.max_deterministic_time = float(work_limit)
+    elif math.isfinite(time_limit_s):
+        solver.parameters.max_time_in_seconds = float(time_limit_s)
     return solver
 
 
-def _status(code: Any, wall_time: float, limit: float) -> SolveStatus:
+def _status(code: Any, solver: cp_model.CpSolver, limit: float,
+            work_limit: float | None = None) -> SolveStatus:
+    """The status of a finished solve; no plan and no proof is TIME_LIMIT when the solve ran
+    to its limit (deterministic time with ``work_limit``, else the wall clock)."""
     if code == cp_model.MODEL_INVALID:
         raise RuntimeError("CP-SAT rejected the composition model as invalid")  # a bug here
     if code in _STATUS:
         return _STATUS[code]
-    return SolveStatus.TIME_LIMIT if wall_time >= 0.95 * limit else SolveStatus.UNKNOWN
+    if work_limit is not None:
+        reached = solver.deterministic_time >= 0.95 * work_limit
+    else:
+        reached = solver.wall_time >= 0.95 * limit
+    return SolveStatus.TIME_LIMIT if reached else SolveStatus.UNKNOWN

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import math
 import os
 import sys
 import warnings
@@ -71,21 +72,32 @@ class _PulpBackend:
             self.prob.addConstraint(target >= expr, f"{name}_{i}")
 
 
-def _make_solver(backend: MilpBackend, time_limit_s: float) -> Any:
+def _make_solver(backend: MilpBackend, time_limit_s: float, node_limit: int | None = None,
+                 presolve: bool = True) -> Any:
+    """A seeded one-thread CBC or HiGHS stopped by the wall clock (``time_limit_s``, none when
+    infinite) or, with ``node_limit`` (CBC only), after that many branch-and-bound nodes and
+    never by the clock: the same search, and the same answer, under any load. HiGHS searches
+    a MIP deterministically on one thread: without a wall-clock limit it is load-independent
+    too (PuLP 3.3 cannot read the status HiGHS ends with at a node limit)."""
+    if node_limit is not None and backend is not MilpBackend.CBC:
+        raise ValueError("node_limit: CBC only (use time_limit_s=math.inf with HiGHS)")
+    wall = None if node_limit is not None or not math.isfinite(time_limit_s) else time_limit_s
     if backend is MilpBackend.CBC:
         with warnings.catch_warnings():
             # PuLP 3.3 deprecates its bundled CBC for 4.0; it is the CBC this project relies on.
             warnings.simplefilter("ignore", DeprecationWarning)
-            return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=MIP_REL_GAP,
-                                     gapAbs=MIP_ABS_GAP, threads=1,
+            return pulp.PULP_CBC_CMD(msg=False, timeLimit=wall, gapRel=MIP_REL_GAP,
+                                     gapAbs=MIP_ABS_GAP, threads=1, maxNodes=node_limit,
                                      options=[f"randomCbcSeed {RANDOM_SEED}"])
-    return pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=MIP_REL_GAP, gapAbs=MIP_ABS_GAP,
-                      random_seed=RANDOM_SEED)
+    off = {} if presolve else {"presolve": "off"}  # HiGHS only (see groups_milp)
+    return pulp.HiGHS(msg=False, timeLimit=wall, gapRel=MIP_REL_GAP, gapAbs=MIP_ABS_GAP,
+                      random_seed=RANDOM_SEED, **off)
 
 
 def solve_milp(table: LatencyTable, restrictions: Restrictions | None = None,
                overlap: bool = False, time_limit_s: float = 10.0,
-               backend: MilpBackend = MilpBackend.CBC) -> CompositionResult:
+               backend: MilpBackend = MilpBackend.CBC, *,
+               node_limit: int | None = None) -> CompositionResult:
     """Optimal composition with a MILP solver through PuLP.
 
     Parameters
@@ -93,9 +105,11 @@ def solve_milp(table: LatencyTable, restrictions: Restrictions | None = None,
     table, restrictions, overlap
         As for :func:`solver.compose.dp.compose_dp` (restrictions become named constraints).
     time_limit_s : float
-        Wall-clock limit passed to the solver.
+        Wall-clock limit passed to the solver (``math.inf``: none).
     backend : MilpBackend
         CBC or HiGHS.
+    node_limit : int, optional
+        CBC: a deterministic limit instead of the wall clock (:func:`_make_solver`).
 
     Returns
     -------
@@ -110,9 +124,9 @@ def solve_milp(table: LatencyTable, restrictions: Restrictions | None = None,
         return infeasible_result(label, perf_counter() - t0)
     prob.setObjective(built.objective)
     with _quiet_stdout():
-        prob.solve(_make_solver(backend, time_limit_s))
+        prob.solve(_make_solver(backend, time_limit_s, node_limit))
     elapsed = perf_counter() - t0
-    status = _status(prob, elapsed, time_limit_s)
+    status = _status(prob, elapsed, time_limit_s, node_limit)
     if status not in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
         return CompositionResult((), None, label, False, status, elapsed)
     stages = decode(table, built, [(v.value() or 0.0) > 0.5 for v in built.s],
@@ -140,14 +154,21 @@ def _quiet_stdout():
         os.close(saved)
 
 
-def _status(prob: pulp.LpProblem, elapsed: float, limit: float) -> SolveStatus:
+def _status(prob: pulp.LpProblem, elapsed: float, limit: float,
+            node_limit: int | None = None) -> SolveStatus:
+    """The status of a finished solve; no plan and no proof is TIME_LIMIT when the solve ran
+    to its limit (a node limit is the only way a solve with one stops unproven)."""
     if prob.sol_status == pulp.LpSolutionOptimal:
         return SolveStatus.OPTIMAL
     if prob.sol_status == pulp.LpSolutionIntegerFeasible:
         return SolveStatus.FEASIBLE
-    if prob.sol_status == pulp.LpSolutionInfeasible or prob.status == pulp.LpStatusInfeasible:
+    clock = node_limit is None and elapsed >= 0.95 * limit
+    # CBC stopped by the clock before a first solution may come back labelled infeasible
+    # through PuLP: at the limit that is no proof, so it is reported as the limit.
+    if not clock and (prob.sol_status == pulp.LpSolutionInfeasible
+                      or prob.status == pulp.LpStatusInfeasible):
         return SolveStatus.INFEASIBLE
-    return SolveStatus.TIME_LIMIT if elapsed >= 0.95 * limit else SolveStatus.UNKNOWN
+    return SolveStatus.TIME_LIMIT if clock or node_limit is not None else SolveStatus.UNKNOWN
 
 
 def _dual_bound(prob: pulp.LpProblem, backend: MilpBackend, status: SolveStatus,

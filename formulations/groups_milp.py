@@ -22,7 +22,8 @@ from solver.compose.stage_table import (GroupRestrictions, GroupResult, StageTab
 def solve_groups_milp(table: StageTable, restrictions: GroupRestrictions | None = None,
                       overlap: bool = False, time_limit_s: float = 10.0,
                       upper: float = math.inf, hint=(),
-                      backend: MilpBackend = MilpBackend.CBC) -> GroupResult:
+                      backend: MilpBackend = MilpBackend.CBC, *,
+                      node_limit: int | None = None) -> GroupResult:
     """Optimal node-group composition with a MILP solver.
 
     Parameters
@@ -31,6 +32,9 @@ def solve_groups_milp(table: StageTable, restrictions: GroupRestrictions | None 
         As for :func:`formulations.groups_cpsat.solve_groups_cpsat` (the hint is a warm start).
     backend : MilpBackend
         CBC or HiGHS.
+    time_limit_s, node_limit
+        As for :func:`formulations.assignment_milp.solve_milp` (``node_limit``: a
+        deterministic limit, the same answer under any load).
 
     Returns
     -------
@@ -44,7 +48,7 @@ def solve_groups_milp(table: StageTable, restrictions: GroupRestrictions | None 
     if built is None:
         return GroupResult((), None, label, True, "infeasible", perf_counter() - t0)
     prob.setObjective(built.objective)
-    solver = _make_solver(backend, time_limit_s)
+    solver = _make_solver(backend, time_limit_s, node_limit)
     if hint:
         for xs, vals in zip(built.x, hint_values(built, hint)):
             for v, on in zip(xs, vals):
@@ -52,8 +56,13 @@ def solve_groups_milp(table: StageTable, restrictions: GroupRestrictions | None 
         solver.optionsDict["warmStart"] = True
     with _quiet_stdout():
         prob.solve(solver)
+        if backend is MilpBackend.HIGHS and prob.status == pulp.LpStatusInfeasible:
+            # HiGHS 1.16's presolve calls some of these models infeasible that are not (hunt
+            # seed 192, docs/hunt.md: without presolve it finds the optimum): confirm the
+            # verdict without it.
+            prob.solve(_make_solver(backend, time_limit_s, node_limit, presolve=False))
     elapsed = perf_counter() - t0
-    status = _status(prob, elapsed, time_limit_s)
+    status = _status(prob, elapsed, time_limit_s, node_limit)
     if status not in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
         return GroupResult((), None, label, status is SolveStatus.INFEASIBLE, status.value,
                            elapsed)

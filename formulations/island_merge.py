@@ -8,13 +8,14 @@ of its HBM capacity. Objective, lexicographic: fewest islands, then least comput
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
 from formulations.scaling import UNITS_PER_TFLOP, to_units
-from solver.islands import Thresholds, partition_loss
+from solver.islands import Thresholds, partition_loss, same_vendor
 from solver.spec.domain import Island, Node
 
 
@@ -74,6 +75,8 @@ class _MergeModel:
         for (i, g), var in self.x.items():
             if i != g:
                 self.model.add_implication(var, self.x[g, g])
+                if not same_vendor(self.comps[i].nodes + self.comps[g].nodes):
+                    self.model.add(var == 0)  # two vendors never share an island (mesh)
 
     def add_weakest_member_floor(self) -> None:
         # The island's effective compute is at most every member's compute; z is that floor
@@ -110,26 +113,37 @@ class _MergeModel:
         return sum(self.comps[i].gpus * self.z[i, g] for (i, g) in self.x)
 
 
-def _solve(model: cp_model.CpModel, time_limit_s: float) -> tuple[cp_model.CpSolver, int]:
+def _solve(model: cp_model.CpModel, time_limit_s: float,
+           work_limit: float | None = None) -> tuple[cp_model.CpSolver, int]:
+    """Two seeded workers on the wall clock or, with ``work_limit``, one worker on CP-SAT's
+    deterministic time (the same search under any load)."""
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = 2
     solver.parameters.random_seed = 0
+    if work_limit is not None:
+        solver.parameters.num_workers = 1
+        solver.parameters.max_deterministic_time = work_limit
+    elif math.isfinite(time_limit_s):
+        solver.parameters.max_time_in_seconds = time_limit_s
     return solver, solver.solve(model)
 
 
 def solve_island_merge(components: tuple[Island, ...], th: Thresholds,
-                       time_limit_s: float = 10.0) -> MergeSolution:
-    """Exact phase 2: fewest islands, then least compute lost (two CP-SAT solves)."""
+                       time_limit_s: float = 10.0, *,
+                       work_limit: float | None = None) -> MergeSolution:
+    """Exact phase 2: fewest islands, then least compute lost (two CP-SAT solves, each with
+    half of ``time_limit_s``, or of ``work_limit`` deterministic seconds instead of the wall
+    clock: the same answer on any machine under any load)."""
     start = time.perf_counter()
+    half = None if work_limit is None else work_limit / 2
     first = _MergeModel(components, th)
     first.model.minimize(first.island_count())
-    solver, status1 = _solve(first.model, time_limit_s / 2)
+    solver, status1 = _solve(first.model, time_limit_s / 2, half)
     count = round(solver.objective_value)
     second = _MergeModel(components, th)
     second.model.add(second.island_count() <= count)
     second.model.maximize(second.kept_compute())
-    solver, status2 = _solve(second.model, time_limit_s / 2)
+    solver, status2 = _solve(second.model, time_limit_s / 2, half)
     groups = _decode(second, solver)
     nodes: list[tuple[Node, ...]] = [
         tuple(n for name in grp for c in components if c.name == name for n in c.nodes)

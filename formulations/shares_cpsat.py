@@ -39,8 +39,11 @@ class SharesSolution:
 
 
 def solve_shares(times: Sequence[dict[int, float]], batch: int,
-                 time_limit_s: float = 10.0) -> SharesSolution | None:
-    """The min-max shares of ``times`` summing to ``batch``; None when none exist."""
+                 time_limit_s: float = 10.0, *,
+                 work_limit: float | None = None) -> SharesSolution | None:
+    """The min-max shares of ``times`` summing to ``batch``; None when none exist.
+    ``work_limit``: CP-SAT's deterministic time instead of the wall clock (on its one worker,
+    the same answer under any load)."""
     finite = [t for table in times for t in table.values() if math.isfinite(t)]
     if not finite:
         return None
@@ -59,8 +62,11 @@ def solve_shares(times: Sequence[dict[int, float]], batch: int,
         model.add(worst >= round(times[r][b] * scale)).only_enforce_if(v)
     model.minimize(worst)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = 1
+    if work_limit is not None:
+        solver.parameters.max_deterministic_time = work_limit
+    elif math.isfinite(time_limit_s):
+        solver.parameters.max_time_in_seconds = time_limit_s
     status = solver.solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None

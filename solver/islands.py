@@ -5,12 +5,14 @@ bandwidth each differ by at most ``tau_c``/``tau_m``/``tau_b`` relative to the l
 islands start as connected components. Phase 2 merges island pairs, cheapest first, while the
 merge cost (the estimated relative throughput loss of running the union at its weakest member) is
 at most ``t_merge``. ``formulations.island_merge`` solves the phase-2 decision exactly with CP-SAT.
+Nodes of two GPU vendors are never similar and never merged (:func:`same_vendor`).
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import networkx as nx
 
@@ -75,7 +77,10 @@ def _rel(a: float, b: float) -> float:
 
 
 def similar(a: Node, b: Node, th: Thresholds) -> bool:
-    """Phase-1 edge test: every metric within its threshold of the larger value."""
+    """Phase-1 edge test: the same vendor, and every metric within its threshold of the larger
+    value (GPUs of two vendors never share an island: :func:`same_vendor`)."""
+    if not same_vendor((a, b)):
+        return False
     (ca, ma, ba), (cb, mb, bb) = _metrics(a), _metrics(b)
     return _rel(ca, cb) <= th.tau_c and _rel(ma, mb) <= th.tau_m and _rel(ba, bb) <= th.tau_b
 
@@ -143,10 +148,43 @@ def merge_loss(a: Island, b: Island) -> float:
     which costs throughput in proportion, to first order).
     """
     nodes = a.nodes + b.nodes
+    if not same_vendor(nodes):
+        return math.inf
     n = sum(x.gpus for x in nodes)
     compute = 1 - n * min(x.tflops for x in nodes) / sum(x.gpus * x.tflops for x in nodes)
     memory = 1 - n * min(x.gpu.hbm_gb for x in nodes) / sum(x.gpus * x.gpu.hbm_gb for x in nodes)
     return max(compute, memory, 0.0)
+
+
+def same_vendor(nodes) -> bool:
+    """Whether ``nodes`` are all of one GPU vendor. An island is a candidate mesh, and one mesh
+    is one communicator: NCCL and RCCL cannot form one (the rule and its citation:
+    :func:`solver.cost.runtime_rules.vendor_problem`), so merging never joins two vendors."""
+    return len({n.gpu.vendor for n in nodes}) <= 1
+
+
+def vendors(cluster: ClusterSpec) -> tuple[str, ...]:
+    """The GPU vendors of ``cluster``'s nodes, in node order."""
+    return tuple(dict.fromkeys(n.gpu.vendor for n in cluster.nodes))
+
+
+def vendor_cluster(cluster: ClusterSpec, vendor: str, keep=None) -> ClusterSpec | None:
+    """``cluster`` with only the node groups of ``vendor``'s GPUs (and, with ``keep``, whose
+    GPU type passes ``keep``); None when no group is left."""
+    groups = tuple(g for g in cluster.groups
+                   if g.gpu.vendor == vendor and (keep is None or keep(g.gpu)))
+    return replace(cluster, name=f"{cluster.name} ({vendor})", groups=groups) if groups else None
+
+
+def whole_cluster_views(cluster: ClusterSpec, keep=None) -> tuple[IslandSet, ...]:
+    """The heterogeneity-oblivious views: the whole cluster as one island, or, where it mixes
+    GPU vendors, one such island per vendor (one mesh is one communicator); with ``keep``, of
+    the GPU types that pass it only (those that run the job's precision)."""
+    found = vendors(cluster)
+    if len(found) <= 1 and keep is None:
+        return (whole_cluster(cluster),)
+    parts = (vendor_cluster(cluster, v, keep) for v in found)
+    return tuple(whole_cluster(c) for c in parts if c is not None)
 
 
 def _order_key(island: Island) -> tuple:

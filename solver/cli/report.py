@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from solver.islands import IslandSet
-from solver.spec.domain import Island
+from solver.spec.domain import GPUSpec, Island, JobSpec
+
+if TYPE_CHECKING:  # only annotations: importing the islands step would import networkx
+    from solver.islands import IslandSet
 
 
 def render_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -37,7 +39,69 @@ def islands_json(result: IslandSet) -> dict[str, Any]:
     """The ``tangram islands --json`` object."""
     return {"islands": [island_json(i) for i in result.islands],
             "merges": [{"members": list(m.members), "into": m.into, "loss": round(m.loss, 6)}
-                       for m in result.merges]}
+                       for m in result.merges],
+            "gpu_types": [gpu_json(g) for g in gpu_types(result.islands)]}
+
+
+def gpu_types(islands: Sequence[Island]) -> list[GPUSpec]:
+    """The GPU types of the islands' nodes, by name."""
+    found = {n.gpu.name: n.gpu for i in islands for n in i.nodes}
+    return [found[k] for k in sorted(found)]
+
+
+#: The figures of a GPU type that ``tangram islands`` shows (the cost model's inputs).
+GPU_FIGURES = ("bf16_tflops", "hbm_gb", "hbm_bw_gbs", "nvlink_gbs", "nic_gbits", "pcie_gbs",
+               "gemm_eff", "fp8_gemm_eff", "attention", "attention_eff", "nvlink_domain")
+
+
+def gpu_json(gpu: GPUSpec) -> dict[str, Any]:
+    """One GPU type's figures, the optional fields its entry omitted (they took the documented
+    defaults) and the catalog file it came from."""
+    return {"name": gpu.name, **{k: getattr(gpu, k) for k in GPU_FIGURES},
+            "defaults": list(gpu.defaults), "catalog_file": gpu.catalog_file}
+
+
+def gpu_rows(gpus: Sequence[GPUSpec]) -> list[dict[str, Any]]:
+    """Readable rows of GPU types: the cost model's kernel figures, ``*`` on those the catalog
+    entry omitted (documented defaults), and the catalog the entry came from."""
+    columns = {"bf16 TFLOP/s": "bf16_tflops", "HBM GB/s": "hbm_bw_gbs",
+               "NVLink GB/s": "nvlink_gbs", "NVLink domain": "nvlink_domain",
+               "gemm_eff": "gemm_eff", "attention": "attention", "attention_eff": "attention_eff"}
+    return [{"gpu": g.name, **{head: _figure(g, k) for head, k in columns.items()},
+             "GEMM curve": "pooled*" if "gemm_half_balance" in g.defaults else "own fit",
+             "catalog": _catalog_name(g)} for g in gpus]
+
+
+#: The defaults the columns of :func:`gpu_rows` may show (others are in ``--json``).
+SHOWN_DEFAULTS = ("nvlink_domain", "gemm_eff", "attention", "attention_eff", "gemm_half_balance")
+
+
+def _figure(gpu: GPUSpec, key: str) -> str:
+    value = getattr(gpu, key)
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return text + ("*" if key in gpu.defaults else "")
+
+
+def _catalog_name(gpu: GPUSpec) -> str:
+    from pathlib import Path
+
+    from solver.spec.loaders import CATALOG_PATH
+    if not gpu.catalog_file:
+        return "-"
+    return "shipped" if Path(gpu.catalog_file) == CATALOG_PATH else gpu.catalog_file
+
+
+def job_json(job: JobSpec) -> dict[str, Any]:
+    """What was planned, as the ``job`` object of ``tangram plan --json``: the job's name and
+    file, the model, the cluster, the batch and the runtime, so that the plan file says what it
+    is a plan of. ``n_micro`` is the job's setting (``"auto"`` or a number); the plan's own is
+    ``objective.n_micro``."""
+    t = job.training
+    return {"name": job.name, "path": None if job.path is None else str(job.path),
+            "model": job.model.name, "cluster": job.cluster.name,
+            "gpus": job.cluster.total_gpus, "global_batch": t.global_batch, "seq_len": t.seq_len,
+            "n_micro": "auto" if t.n_micro is None else t.n_micro,
+            "framework": job.planner.framework.value, "precision": t.precision.value}
 
 
 def island_rows(islands: Sequence[Island]) -> list[dict[str, Any]]:
@@ -84,6 +148,14 @@ def compact_ids(ids: list[str]) -> str:
                      else f"{r[0]}-{r[1]}..{r[0]}-{r[2]}" for r in runs)
 
 
+def recompute_label(c) -> str:
+    """The recomputation of a stage: ``none``, ``selective``, ``full`` (every layer) or
+    ``full k=5`` (the block method: the first 5 layers of each pipeline rank)."""
+    if c.recompute_layers is None:
+        return c.recompute.value
+    return f"{c.recompute.value} k={c.recompute_layers}"
+
+
 def stage_rows(plan) -> list[dict]:
     """One table row per pipeline stage of ``plan``."""
     rows = []
@@ -92,7 +164,7 @@ def stage_rows(plan) -> list[dict]:
         rows.append({"island": s.island.name, "gpu": s.island.gpu.name,
                      "nodes": compact_ids(s.node_ids), "gpus": s.gpus,
                      "layers": f"[{s.start}, {s.end})", "tp": c.tp, "cp": c.cp, "ep": c.ep,
-                     "pp": c.pp, "dp": c.dp, "zero": c.zero, "recompute": c.recompute.value,
+                     "pp": c.pp, "dp": c.dp, "zero": c.zero, "recompute": recompute_label(c),
                      "offload": "yes" if c.offload else "no", "mb/rank": c.micro_batch,
                      "latency ms": s.plan.latency_s * 1e3, "mem GB": s.plan.memory_gb})
     return rows

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.cost.frameworks import megatron_interleaves, profile, zero_choices
+from solver.cost.frameworks import (cp_allowed, expert_parallel_sizes, megatron_interleaves,
+                                    profile, tp_allowed, zero_choices)
 from solver.cost.partial import PlanContext
 from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, ModelSlice
 from solver.spec.domain import (Constraints, FeaturePreset, Framework, Island, ModelSpec, Recompute,
@@ -77,12 +78,22 @@ def _powers_of_two(limit: int) -> list[int]:
     return [1 << i for i in range(limit.bit_length()) if (1 << i) <= limit]
 
 
-def _tp_options(model: ModelSpec, gpus: int) -> list[int]:
-    """TP degrees that shard heads, hidden and MLP widths evenly; KV heads split or replicate."""
+def _tp_options(model: ModelSpec, gpus: int, framework: Framework | None = None) -> list[int]:
+    """TP degrees that shard heads, hidden and MLP widths evenly; KV heads split, or replicate
+    where the framework allows it (:func:`~solver.cost.frameworks.tp_allowed`; without a
+    framework: either)."""
     widths = [model.hidden, model.ffn] + ([model.expert_ffn] if model.is_moe else [])
+    kv_ok = (lambda t: model.kv_heads % t == 0 or t % model.kv_heads == 0) if framework is None \
+        else (lambda t: tp_allowed(profile(framework), model.kv_heads, t))
     return [t for t in _powers_of_two(gpus)
-            if model.heads % t == 0 and all(w % t == 0 for w in widths)
-            and (model.kv_heads % t == 0 or t % model.kv_heads == 0)]
+            if model.heads % t == 0 and all(w % t == 0 for w in widths) and kv_ok(t)]
+
+
+def tp_degrees(model: ModelSpec, gpus: int, framework: Framework | None = None) -> list[int]:
+    """The TP degrees the parallelizer tries for ``model`` on groups of up to ``gpus`` GPUs
+    (a node's): powers of two that shard heads and widths evenly, KV heads by ``framework``'s
+    rule. Public for the planner's reasons (why ``[constraints] tp`` leaves nothing)."""
+    return _tp_options(model, gpus, framework)
 
 
 def _interleavable(slc: ModelSlice, ctx: PlanContext, pp: int) -> bool:
@@ -101,7 +112,8 @@ def _layouts(slc: ModelSlice, island: Island, ctx: PlanContext, feats: FeatureSe
     cps = [c for c in _powers_of_two(gpus) if ctx.seq_len % (2 * c) == 0] if feats.cp else [1]
     out = []
     # A TP group never leaves a node: its per-layer collectives need NVLink (seed note, Sec. 2).
-    for tp, cp in itertools.product(_tp_options(model, min(gpus, island.gpus_per_node)), cps):
+    for tp, cp in itertools.product(_tp_options(model, min(gpus, island.gpus_per_node),
+                                                ctx.framework), cps):
         if gpus % (tp * cp):
             continue
         rest = gpus // (tp * cp)
@@ -109,10 +121,28 @@ def _layouts(slc: ModelSlice, island: Island, ctx: PlanContext, feats: FeatureSe
             dp = rest // pp
             if rest % pp or ctx.micro_batch % dp or not _interleavable(slc, ctx, pp):
                 continue
-            eps = [e for e in range(1, model.experts + 1)
-                   if model.experts % e == 0 and (dp * cp) % e == 0] if feats.ep and model.is_moe else [1]
+            eps = _ep_options(model, tp, cp, dp, ctx) if feats.ep and model.is_moe else [1]
             out.extend((tp, cp, pp, dp, ep) for ep in eps)
     return out
+
+
+def _ep_options(model: ModelSpec, tp: int, cp: int, dp: int, ctx: PlanContext) -> list[int]:
+    """EP degrees of a stage: the framework's expert grid
+    (:func:`~solver.cost.frameworks.expert_parallel_sizes`, expert-TP = TP as priced); without
+    a framework, EP dividing the experts and ``dp·cp``."""
+    if ctx.framework is None:
+        return [e for e in range(1, model.experts + 1)
+                if model.experts % e == 0 and (dp * cp) % e == 0]
+    return expert_parallel_sizes(profile(ctx.framework), model.experts, tp, cp, dp,
+                                 ctx.precision)
+
+
+def multi_mesh_cp(framework: Framework | None, cp: np.ndarray) -> np.ndarray:
+    """Rows a stage of a plan of several meshes may use: context parallelism only where the
+    framework runs it across meshes (:func:`~solver.cost.frameworks.cp_allowed`)."""
+    if framework is None or cp_allowed(profile(framework), 2):
+        return np.ones(cp.shape, dtype=bool)
+    return cp == 1
 
 
 def enumerate_configs(slc: ModelSlice, island: Island, ctx: PlanContext, feats: FeatureSet
@@ -135,6 +165,8 @@ def enumerate_configs(slc: ModelSlice, island: Island, ctx: PlanContext, feats: 
     keep = replicas | (g[:, 0] == (feats.zero[0] if feats.zero else 0))
     if ctx.framework is not None:
         keep &= _zero_allowed(ctx.framework, g[:, 0], pp, slc.is_whole, feats.zero) | ~replicas
+        if not slc.is_whole:  # a stage of a pipeline of several meshes
+            keep &= multi_mesh_cp(ctx.framework, cp)
     zero = np.where(replicas, g[:, 0], 0)
     if ctx.constraints is not None:
         keep &= _constrained(ctx.constraints, b, zero, g, ctx.micro_batch // np.maximum(dp, 1))

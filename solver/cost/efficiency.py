@@ -173,7 +173,9 @@ class GemmKernel:
                                          else g.gemm_half_balance for g in gpus),
             latency_s=max(calib.gemm_latency_s if g.gemm_latency_us is None
                           else g.gemm_latency_us * 1e-6 for g in gpus),
-            in_training=calib.gemm_in_training)
+            # The GPU generation's own in-training fraction where the catalog has one.
+            in_training=min(calib.gemm_in_training if g.gemm_in_training is None
+                            else g.gemm_in_training for g in gpus))
 
     def efficiency(self, m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
         """Fraction of peak of GEMMs of shape ``(m, n, k)`` (arrays broadcast), fixed cost
@@ -195,28 +197,52 @@ def machine_balance(island: Island) -> float:
 
 
 def intra_node_gbs(island: Island) -> float:
-    """GB/s one GPU of ``island`` sends to a node peer in one direction, at its weakest GPU type."""
+    """GB/s one GPU of ``island`` sends to a peer of its NVLink domain in one direction, at its
+    weakest GPU type."""
     # NVLink datasheet figures are bidirectional totals: one direction carries half. A GPU
     # without NVLink talks to its node peers over PCIe, whose figure is already per direction.
     return min(g.nvlink_gbs / 2 if g.nvlink_gbs else g.pcie_gbs for g in island.gpu_types)
+
+
+#: GPUs of the largest server board (HGX/DGX): an NVLink domain up to this size is the board and
+#: ends at the server; a larger one (GB200/GB300 NVL72) is rack-scale and spans servers.
+BOARD_GPUS = 8
+
+
+def nvlink_span(island: Island) -> int:
+    """Consecutive ranks of ``island`` sharing one NVLink domain: the catalog's domain, capped
+    at the server unless the domain is rack-scale (larger than a board)."""
+    domain = island.nvlink_domain
+    return domain if domain > BOARD_GPUS else min(domain, island.gpus_per_node)
 
 
 @dataclass(frozen=True)
 class Links:
     """Per-GPU, per-direction bandwidths (bytes/s) and step latencies of one island.
 
+    Three tiers: the NVLink domain (``domain`` GPUs: 8 on an HGX board, 2 for NVLink-bridged
+    H100 NVL pairs, 72 in a GB200/GB300 NVL72 rack, 1 without NVLink), the rest of the server
+    over PCIe (``node_bw``; only where the domain is smaller than the server), and the network.
+    A group is priced on the slowest tier it spans: TP, CP and EP get NVLink only inside the
+    domain.
+
     Attributes
     ----------
     intra_bw, inter_bw : float
-        Bus bandwidth of collectives inside a node (NVLink, or PCIe without it) and across nodes.
+        Bus bandwidth of collectives inside the NVLink domain and across servers (network).
     intra_lat, inter_lat : float
-        Latency per ring step inside a node and across nodes (s).
+        Latency per ring step inside a server and across servers (s).
     pcie_bw : float
         Host-link bandwidth for offload (bytes/s).
     hbm_bw : float
         Effective HBM bandwidth for memory-bound kernels (bytes/s).
     gpus_per_node : int
-        Node size: groups spanning more consecutive ranks than this use the network.
+        Server size.
+    domain : int
+        NVLink domain size in GPUs (0: the server, the pre-domain default).
+    node_bw : float
+        Bus bandwidth between GPUs of one server outside one NVLink domain (PCIe; 0: as
+        ``intra_bw``).
     """
 
     intra_bw: float
@@ -226,6 +252,8 @@ class Links:
     pcie_bw: float
     hbm_bw: float
     gpus_per_node: int
+    domain: int = 0
+    node_bw: float = 0.0
 
     @classmethod
     def of(cls, island: Island, calib: Calibration) -> "Links":
@@ -238,47 +266,75 @@ class Links:
             pcie_bw=island.pcie_gbs * 1e9 * calib.pcie_eff,
             hbm_bw=island.hbm_bw_gbs * 1e9 * calib.hbm_eff,
             gpus_per_node=island.gpus_per_node,
+            domain=nvlink_span(island),
+            # Peers outside the NVLink domain inside a server: through the PCIe switch.
+            node_bw=island.pcie_gbs * 1e9 * calib.pcie_eff,
         )
+
+    @property
+    def nvlink_span(self) -> int:
+        """Consecutive ranks sharing one NVLink domain."""
+        return self.domain or self.gpus_per_node
+
+    @property
+    def local_span(self) -> int:
+        """Consecutive ranks reachable without the network (a server, or an NVL72 rack)."""
+        return max(self.nvlink_span, self.gpus_per_node)
+
+    @property
+    def local_bw(self) -> float:
+        """Bus bandwidth among the :attr:`local_span` ranks (NVLink where the domain covers
+        the server, else PCIe)."""
+        if self.nvlink_span >= self.gpus_per_node or not self.node_bw:
+            return self.intra_bw
+        return min(self.node_bw, self.intra_bw)
 
     def data_parallel(self, stride: np.ndarray, group: np.ndarray
                       ) -> tuple[np.ndarray, np.ndarray]:
         """Bandwidth and step latency of a collective over ``group`` ranks placed ``stride``
         apart (a data-parallel group under Megatron's tp-cp-ep-dp-pp rank order).
 
-        Inside a node it runs on NVLink. Across nodes each node holds
-        ``k = gpus_per_node / stride`` members of the group (at most ``group``), each with its
-        own NIC, and NCCL runs one ring per rail (channel), each moving ``1/k`` of the data over
-        its own NIC: the group moves ``k`` NICs' worth across nodes, capped by NVLink.
+        Inside the NVLink domain it runs on NVLink, inside a server beyond the domain on PCIe.
+        Across servers (or racks) each holds ``k = local_span / stride`` members of the group
+        (at most ``group``), each with its own NIC, and NCCL runs one ring per rail (channel),
+        each moving ``1/k`` of the data over its own NIC: the group moves ``k`` NICs' worth
+        across, capped by the local links.
         """
         stride, group = np.asarray(stride), np.asarray(group)
-        inside = stride * group <= self.gpus_per_node
-        rails = np.clip(self.gpus_per_node // np.maximum(stride, 1), 1, np.maximum(group, 1))
-        across = np.minimum(self.intra_bw, rails * self.inter_bw)
-        return (np.where(inside, self.intra_bw, across),
-                np.where(inside, self.intra_lat, self.inter_lat))
+        span = stride * group
+        rails = np.clip(self.local_span // np.maximum(stride, 1), 1, np.maximum(group, 1))
+        across = np.minimum(self.local_bw, rails * self.inter_bw)
+        bw = np.where(span <= self.nvlink_span, self.intra_bw,
+                      np.where(span <= self.local_span, self.local_bw, across))
+        return bw, np.where(span <= self.local_span, self.intra_lat, self.inter_lat)
 
     def all_to_all(self, bytes_: np.ndarray, stride: np.ndarray, group: np.ndarray
                    ) -> np.ndarray:
         """Seconds of one all-to-all in which each of ``group`` ranks, placed ``stride`` apart,
         sends ``bytes_`` split evenly over the group (its own share stays).
 
-        The ``k = gpus_per_node / stride`` members sharing a node (at most ``group``) exchange
-        ``(k - 1) / group`` of the data over NVLink while ``(group - k) / group`` leaves over
-        each GPU's own NIC; the two run at once, so the slower decides, plus one step latency
-        per peer.
+        The ``k = nvlink_span / stride`` members sharing an NVLink domain (at most ``group``)
+        exchange ``(k - 1) / group`` of the data over NVLink, the members sharing only the
+        server their part over PCIe, and the rest leaves over each GPU's own NIC; the parts run
+        at once, so the slowest decides, plus one step latency per peer.
         """
         stride, group = np.asarray(stride), np.asarray(group, dtype=float)
-        k = np.clip(self.gpus_per_node // np.maximum(stride, 1), 1, np.maximum(group, 1))
+        step = np.maximum(stride, 1)
+        k = np.clip(self.nvlink_span // step, 1, np.maximum(group, 1))
+        k_local = np.clip(self.local_span // step, k, np.maximum(group, 1))
         intra = (k - 1) / group * bytes_ / self.intra_bw
-        inter = (group - k) / group * bytes_ / self.inter_bw
-        lat = np.where(group > k, self.inter_lat, self.intra_lat) * (group - 1)
-        return np.where(group > 1, np.maximum(intra, inter) + lat, 0.0)
+        pcie = (k_local - k) / group * bytes_ / self.local_bw
+        inter = (group - k_local) / group * bytes_ / self.inter_bw
+        lat = np.where(group > k_local, self.inter_lat, self.intra_lat) * (group - 1)
+        return np.where(group > 1, np.maximum(np.maximum(intra, pcie), inter) + lat, 0.0)
 
     def select(self, span: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Bandwidth and step latency for groups spanning ``span`` consecutive ranks."""
-        inside = np.asarray(span) <= self.gpus_per_node
-        return (np.where(inside, self.intra_bw, self.inter_bw),
-                np.where(inside, self.intra_lat, self.inter_lat))
+        """Bandwidth and step latency for groups spanning ``span`` consecutive ranks: NVLink
+        inside the domain, PCIe inside the server, else the network."""
+        span = np.asarray(span)
+        bw = np.where(span <= self.nvlink_span, self.intra_bw,
+                      np.where(span <= self.local_span, self.local_bw, self.inter_bw))
+        return bw, np.where(span <= self.local_span, self.intra_lat, self.inter_lat)
 
 
 def ring_time(bytes_: np.ndarray, group: np.ndarray, bw: np.ndarray, lat: np.ndarray,

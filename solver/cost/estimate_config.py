@@ -45,7 +45,7 @@ import dataclasses
 
 from solver.cost.efficiency import AttentionKernel
 from solver.cost.estimate import EstimateSetup
-from solver.cost.frameworks import profile, violations
+from solver.cost.frameworks import interleaving_allowed, profile, violations
 from solver.cost.stage import StageConfig
 from solver.spec.domain import Framework, GPUSpec, Island, ModelSpec, Precision, Recompute, Schedule
 from solver.spec.errors import InputError
@@ -81,10 +81,13 @@ def load_estimate_setup(path: Path | str, catalog: dict[str, GPUSpec] | None = N
 def _check_framework(f: Fields, setup: EstimateSetup) -> None:
     """The configuration is one the framework runs."""
     prof = profile(setup.framework)
-    found = violations([setup.parallel], prof, setup.parallel.pp > 1)
+    found = violations([setup.parallel], prof, setup.parallel.pp > 1, model=setup.model,
+                       precision=setup.precision, stage_gpus=[setup.island.gpu_types])
     if found:
         raise InputError(f.file, f.prefix, found[0].removeprefix("stage 0: "))
-    f.check("schedule", prof.interleaving or setup.schedule is not Schedule.INTERLEAVED,
+    # One homogeneous island is one mesh: FlagScale runs it as plain Megatron-LM, interleaved.
+    f.check("schedule", interleaving_allowed(prof, meshes=1)
+            or setup.schedule is not Schedule.INTERLEAVED,
             f"{setup.framework.value} has no interleaved schedule")
 
 

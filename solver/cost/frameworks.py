@@ -18,12 +18,21 @@ it. Sources (read in the projects' own code, versions named):
   or produce them. One layout (tp, cp, ep, dp) for every pipeline stage; uneven first/last stages
   (``--decoder-first/last-pipeline-num-layers``); the interleaved schedule needs pp > 1 and
   ``n_micro % pp == 0`` (the default ``--microbatch-group-size-per-virtual-pipeline-stage``).
-* **FlagScale** (FlagOpen/FlagScale, 2025-11, built on Megatron-LM): heterogeneous training
-  (``hetero_process_meshes``) gives every mesh its own [tp, cp, ep, dp, pp] and device type, with
-  Megatron-Core's kernels and overlaps; cp must be equal in all meshes and is asserted to be 1;
-  the interleaved (virtual) pipeline is rejected with hetero on; ``use_distributed_optimizer``
-  is one flag for the whole job; per-stage recomputation exists only at full granularity
-  (``recompute_granularity_per_stage_micro_batch``).
+* **FlagScale** (FlagOpen/FlagScale at da4935e, 2025-11-13, built on Megatron-LM pinned at
+  8479eb3 = Megatron-Core 0.15.0rc5): heterogeneous training (``hetero_process_meshes``) gives
+  every mesh its own [tp, cp, ep, dp, pp] and device type, with Megatron-Core's kernels and
+  overlaps; cp must be equal in all meshes and is asserted to be 1; the interleaved (virtual)
+  pipeline is rejected with hetero on; ``use_distributed_optimizer`` is one flag for the whole
+  job; per-stage recomputation exists only at full granularity
+  (``recompute_granularity_per_stage_micro_batch``). A plan of one mesh runs without the
+  ``hetero`` block: plain Megatron-LM, with context parallelism and interleaving.
+
+The search, the validator (:mod:`solver.planner.validate`) and the exporter
+(:mod:`solver.launch`) all read the rules through :func:`violations`; the job-level ones live in
+:mod:`solver.cost.runtime_rules` (re-exported here: :func:`tp_allowed`, :func:`cp_allowed`,
+:func:`expert_parallel_sizes`, :func:`precision_problem`, :func:`vendor_problem`,
+:func:`shared_embedding_problems`), each citing where the runtime enforces it.
+A mesh may mix GPU types of one vendor (:func:`mixed_kinds_note`: reported, not refused).
 * **Megatron-LM 2021** (Narayanan et al., SC'21, the calibration data): no distributed
   optimizer, no CP, no overlap of the data-parallel all-reduce or of TP communication, unfused
   attention; interleaved schedule.
@@ -45,7 +54,15 @@ from types import MappingProxyType
 
 import numpy as np
 
+from solver.cost.runtime_rules import (cp_allowed, expert_parallel_sizes, job_rules,
+                                       mixed_kinds_note, precision_problem,
+                                       shared_embedding_problems, tp_allowed, vendor_problem)
 from solver.spec.domain import Framework, Precision, Recompute
+
+__all__ = ["PROFILES", "FrameworkProfile", "Runtime", "cp_allowed", "expert_parallel_sizes",
+           "interleaving_allowed", "job_runtime", "megatron_interleaves", "mixed_kinds_note",
+           "precision_problem", "profile", "shared_embedding_problems", "tp_allowed",
+           "vendor_problem", "violations", "zero_choices"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +100,29 @@ class FrameworkProfile:
         Parameters ZeRO-3 holds gathered at once (at most).
     unfused_attention : bool
         Runs unfused attention whatever the GPU (2021 software).
+    tp_divides_kv_heads : bool
+        ``tp`` must divide the KV heads (query groups); False: ``tp`` may also be a multiple of
+        them (KV heads replicated). See :func:`tp_allowed`.
+    cp_across_meshes : bool
+        Runs context parallelism in a plan of several meshes (FlagScale's hetero mode does not:
+        :func:`cp_allowed`).
+    ep_fp16 : bool
+        Runs expert parallelism in FP16 training (Megatron-LM does not:
+        :func:`expert_parallel_sizes`).
+    recompute_layers : bool
+        Recomputes ``k`` of a pipeline rank's layers (full granularity, the ``block`` method;
+        :attr:`~solver.cost.stage.StageConfig.recompute_layers`). Megatron-Core:
+        ``--recompute-method block --recompute-num-layers k``, one for the job, checkpointing
+        the first ``k`` layers of each rank (``megatron/core/recompute.py``,
+        ``checkpointed_forward``; ``TransformerConfig.__post_init__`` requires a method and
+        ``recompute_num_layers`` with full granularity). FlagScale: per stage and micro-batch
+        (``recompute_method_per_stage_micro_batch`` 1 = block,
+        ``recompute_num_layers_per_stage_micro_batch``; ``flagscale/train/arguments.py``
+        ``FSTrainArguments.post_validate_args``, applied in its ``transformer_block.py``
+        patch). Megatron-LM 2021 (``--checkpoint-num-layers``: uniform chunks), DeepSpeed
+        (``PipelineModule.forward``, ``deepspeed/runtime/pipe/module.py``: chunks of
+        ``activation_checkpoint_interval`` layers over all of them) and FSDP as profiled here
+        recompute every layer or none. :mod:`solver.cost.recompute_layers` searches it.
     """
 
     framework: Framework
@@ -103,6 +143,10 @@ class FrameworkProfile:
     grad_bucket_params: float
     zero3_live_params: float
     unfused_attention: bool
+    tp_divides_kv_heads: bool = True
+    cp_across_meshes: bool = True
+    ep_fp16: bool = False
+    recompute_layers: bool = False
 
     def zero_stages(self, pipelined: bool) -> tuple[int, ...]:
         """ZeRO stages allowed for a stage of a multi-stage pipeline or a single stage."""
@@ -124,10 +168,11 @@ _MEGATRON = dict(zero_pipelined=(0, 1), zero_single=(0, 1), uniform_zero=True, o
 PROFILES = MappingProxyType({
     Framework.FLAGSCALE: FrameworkProfile(
         Framework.FLAGSCALE, recompute=(Recompute.NONE, Recompute.FULL), uniform_recompute=False,
-        cp=False, uniform_layout=False, interleaving=False, **_MEGATRON),
+        cp=True, uniform_layout=False, interleaving=False, cp_across_meshes=False,
+        recompute_layers=True, **_MEGATRON),
     Framework.MEGATRON_CORE: FrameworkProfile(
         Framework.MEGATRON_CORE, recompute=_ALL_RC, uniform_recompute=True, cp=True,
-        uniform_layout=True, interleaving=True, **_MEGATRON),
+        uniform_layout=True, interleaving=True, recompute_layers=True, **_MEGATRON),
     Framework.MEGATRON_2021: FrameworkProfile(
         Framework.MEGATRON_2021, zero_pipelined=(0,), zero_single=(0,), uniform_zero=True,
         recompute=_ALL_RC, uniform_recompute=True, offload=False, cp=False, ep=False,
@@ -139,13 +184,15 @@ PROFILES = MappingProxyType({
         recompute=(Recompute.NONE, Recompute.FULL), uniform_recompute=True, offload=True,
         cp=False, ep=True, uniform_layout=True, interleaving=False, overlap_grad_reduce=True,
         overlap_param_gather=True, tp_comm_overlap=False, zero2_per_microbatch=True,
-        grad_bucket_params=5e8, zero3_live_params=1e9, unfused_attention=False),
+        grad_bucket_params=5e8, zero3_live_params=1e9, unfused_attention=False,
+        tp_divides_kv_heads=False, ep_fp16=True),
     Framework.FSDP: FrameworkProfile(
         Framework.FSDP, zero_pipelined=(), zero_single=(2, 3), uniform_zero=True,
         recompute=(Recompute.NONE, Recompute.FULL), uniform_recompute=True, offload=False,
         cp=False, ep=False, uniform_layout=True, interleaving=False, overlap_grad_reduce=True,
         overlap_param_gather=True, tp_comm_overlap=False, zero2_per_microbatch=True,
-        grad_bucket_params=2.5e7, zero3_live_params=0.0, unfused_attention=False),
+        grad_bucket_params=2.5e7, zero3_live_params=0.0, unfused_attention=False,
+        tp_divides_kv_heads=False),
 })
 
 
@@ -210,11 +257,17 @@ def zero_choices(prof: FrameworkProfile, pipelined: bool,
     return stages
 
 
-def violations(configs, prof: FrameworkProfile, pipelined: bool) -> list[str]:
-    """What of a plan's stage configurations ``prof``'s runtime cannot run ([] if nothing).
+def violations(configs, prof: FrameworkProfile, pipelined: bool, *, model=None,
+               precision: Precision | None = None, stage_gpus=None) -> list[str]:
+    """What of a plan ``prof``'s runtime cannot run ([] if nothing), one line per problem: the
+    one place the planner's search, its validator and the exporters read the rules from.
 
-    ``configs`` are the stages' :class:`~solver.cost.stage.StageConfig` in pipeline order;
-    ``pipelined`` whether the plan has more than one pipeline stage (across or inside stages).
+    ``configs`` are the stages' :class:`~solver.cost.stage.StageConfig` in pipeline order (a
+    stage is one mesh); ``pipelined`` whether the plan has more than one pipeline stage (across
+    or inside stages). The job-level rules are checked when their data is given: ``model``
+    (:func:`tp_allowed`, :func:`expert_parallel_sizes`), ``precision`` (one training precision:
+    :func:`precision_problem`; EP in FP16), ``stage_gpus`` (per stage, the GPU types of its
+    nodes: :func:`precision_problem`, :func:`vendor_problem`).
     """
     name, out = prof.framework.value, []
     allowed = prof.zero_stages(pipelined)
@@ -224,14 +277,18 @@ def violations(configs, prof: FrameworkProfile, pipelined: bool) -> list[str]:
                        f"{'with' if pipelined else 'without'} pipelining, not ZeRO-{c.zero}")
         if c.recompute not in prof.recompute:
             out.append(f"stage {i}: {name} has no {c.recompute.value} recomputation")
+        if c.recompute_layers is not None and not prof.recompute_layers:
+            out.append(f"stage {i}: {name} recomputes all layers or none, not "
+                       f"{c.recompute_layers} of them")
         if c.offload and not prof.offload:
             out.append(f"stage {i}: {name} does not offload activations")
-        if c.cp > 1 and not prof.cp:
-            out.append(f"stage {i}: {name} runs no context parallelism (cp {c.cp})")
+        if c.cp > 1 and not cp_allowed(prof, len(configs)):
+            out.append(f"stage {i}: {name} runs no context parallelism (cp {c.cp})"
+                       + (f" in a plan of {len(configs)} meshes" if prof.cp else ""))
         if c.ep > 1 and not prof.ep:
             out.append(f"stage {i}: {name} runs no expert parallelism (ep {c.ep})")
-    out += _uniformity(configs, prof)
-    return out
+    return out + _uniformity(configs, prof) + job_rules(configs, prof, model, precision,
+                                                       stage_gpus)
 
 
 def megatron_interleaves(layers: int, pp: int, v: int, n_micro: int) -> bool:
@@ -244,8 +301,11 @@ def megatron_interleaves(layers: int, pp: int, v: int, n_micro: int) -> bool:
 def interleaving_allowed(prof: FrameworkProfile, meshes: int) -> bool:
     """Whether a plan of ``meshes`` meshes may use virtual pipeline stages under ``prof``.
 
-    FlagScale asserts that virtual stages are off with heterogeneous meshes; one mesh is plain
-    Megatron-LM (no ``hetero`` block), which interleaves.
+    FlagScale asserts that virtual stages are off with heterogeneous meshes ("virtual pipeline
+    not support now!", ``FSTrainArguments.pre_validate_args`` in ``flagscale/train/arguments.py``
+    with ``enable_hetero``); one mesh is plain Megatron-LM (no ``hetero`` block), which
+    interleaves (``validate_args``: ``--num-layers-per-virtual-pipeline-stage`` with pp > 1), and
+    so does ``tangram estimate``, whose configuration is one mesh.
     """
     if prof.framework is Framework.FLAGSCALE:
         return meshes == 1
@@ -258,7 +318,8 @@ def _uniformity(configs, prof: FrameworkProfile) -> list[str]:
     sharded = {c.zero for c in configs if c.dp * c.cp > 1}
     if prof.uniform_zero and len(sharded) > 1:
         out.append(f"{name} sets one ZeRO stage for the job, the stages use {sorted(sharded)}")
-    if prof.uniform_recompute and len({c.recompute for c in configs}) > 1:
+    if prof.uniform_recompute and len({(c.recompute, c.recompute_layers)
+                                       for c in configs}) > 1:
         out.append(f"{name} sets one recomputation for the job, the stages differ")
     if prof.uniform_layout and len({(c.tp, c.cp, c.ep, c.dp) for c in configs}) > 1:
         out.append(f"{name} runs one (tp, cp, ep, dp) on every stage, the stages differ")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays
+from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, recomputed_layers
 from solver.spec.domain import ModelSpec, Recompute
 
 WEIGHT_BYTES = 2.0      # bf16 weights
@@ -54,19 +54,20 @@ class LayerParams:
         return cls(model.params_per_layer - expert, expert)
 
 
-def _mlp_intermediate_bytes(model: ModelSpec, width: int) -> float:
+def _mlp_intermediate_bytes(model: ModelSpec, width: int, gemm_input: float = 2.0) -> float:
     """Bytes per token an MLP of ``width`` stores between its two projections.
 
     Gated (SwiGLU): both up-projection outputs (4 f, the fused activation recomputes SiLU in
     backward) and their product, the down-projection input (2 f). Classic GELU MLP: the GELU input
-    and output (2 f each), as in Korthikanti et al.
+    and output (2 f each), as in Korthikanti et al. ``gemm_input``: bytes per element of the
+    saved down-projection input (1 under FP8: Transformer Engine saves it quantized).
     """
-    return (6.0 if model.gated_mlp else 4.0) * width
+    return ((4.0 if model.gated_mlp else 2.0) + gemm_input) * width
 
 
 def activation_bytes_per_token(model: ModelSpec, seq_len: int, recompute: Recompute,
                                flash: bool = True, dropout: bool = False,
-                               capacity: float = 1.0) -> float:
+                               capacity: float = 1.0, fp8: bool = False) -> float:
     """Activation bytes one layer stores per token for its backward pass (no parallelism).
 
     Korthikanti et al. (2022), Sec. 4.1, recounted. Attention: norm input 2h, QKV input 2h, Q 2q,
@@ -80,6 +81,13 @@ def activation_bytes_per_token(model: ModelSpec, seq_len: int, recompute: Recomp
 
     Selective recomputation drops the attention-score terms (nothing with FlashAttention, which
     already recomputes them); full recomputation keeps only the layer input, 2h.
+
+    With ``fp8`` Transformer Engine saves the inputs of its FP8 GEMMs quantized, one byte per
+    element (``transformer_engine/pytorch/module/layernorm_linear.py``, ``linear.py``,
+    ``layernorm_mlp.py``: the forward's "Prepare backward state" saves ``ln_out`` /
+    ``inputmat`` / the activation output as quantized tensors): the QKV, fc1 and expert fc1
+    inputs (h), the fc2 inputs (f); the O-projection saves an FP8 copy of its input (q) beside
+    FlashAttention's own 16-bit output, which the attention backward needs.
     """
     h, a = model.hidden, model.heads
     if recompute is Recompute.FULL:
@@ -89,24 +97,50 @@ def activation_bytes_per_token(model: ModelSpec, seq_len: int, recompute: Recomp
     if not flash and recompute is Recompute.NONE:
         scores = (5.0 if dropout else 2.0) * a * seq_len
     softmax_stats = 4.0 * a if flash else 0.0
-    attention = 2 * h + 2 * h + 2 * q + 4 * kv + 2 * q + scores + softmax_stats
+    g = 1.0 if fp8 else 2.0  # bytes per element of a saved GEMM input
+    o_copy = q if fp8 else 0.0
+    attention = 2 * h + g * h + 2 * q + 4 * kv + 2 * q + o_copy + scores + softmax_stats
     if model.is_moe:
         # The busiest rank holds ``capacity`` times the balanced share of routed tokens.
-        routed = capacity * model.top_k * (4.0 * h
-                                           + _mlp_intermediate_bytes(model, model.expert_ffn))
-        shared = model.shared_experts * _mlp_intermediate_bytes(model, model.expert_ffn)
+        routed = capacity * model.top_k * (
+            (g + 2.0) * h + _mlp_intermediate_bytes(model, model.expert_ffn, g))
+        shared = model.shared_experts * _mlp_intermediate_bytes(model, model.expert_ffn, g)
         mlp = 2 * h + 2 * h + 4.0 * model.experts + routed + shared
     else:
-        mlp = 2 * h + 2 * h + _mlp_intermediate_bytes(model, model.ffn)
+        mlp = 2 * h + g * h + _mlp_intermediate_bytes(model, model.ffn, g)
     masks = 2.0 * h if dropout else 0.0
     return attention + mlp + masks
 
 
 def stored_bytes_per_token(model: ModelSpec, seq_len: int, flash: bool = True,
-                           capacity: float = 1.0) -> np.ndarray:
+                           capacity: float = 1.0, fp8: bool = False) -> np.ndarray:
     """:func:`activation_bytes_per_token` for each recompute code (index: RECOMPUTE_CODES)."""
-    return np.array([activation_bytes_per_token(model, seq_len, r, flash, capacity=capacity)
+    return np.array([activation_bytes_per_token(model, seq_len, r, flash, capacity=capacity,
+                                                fp8=fp8)
                      for r in RECOMPUTE_CODES])
+
+
+def stored_layer_bytes(per_token: np.ndarray, cfg: ConfigArrays, layers: np.ndarray
+                       ) -> np.ndarray:
+    """Bytes per token one micro-batch of ``layers`` layers keeps for its backward pass.
+
+    ``per_token`` is :func:`stored_bytes_per_token`. Under full recomputation the ``r``
+    recomputed layers (:func:`~solver.cost.stage.recomputed_layers`: all, or the block
+    method's ``min(k, layers)``) keep only their input and the other ``layers - r`` keep their
+    whole activations, as without recomputation (Megatron-Core's ``block`` method runs the
+    layers past the first ``k`` of a pipeline rank unchanged: ``megatron/core/recompute.py``,
+    ``checkpointed_forward``)."""
+    r = recomputed_layers(cfg, layers)
+    return np.where(cfg.recompute == 2, r * per_token[2] + (layers - r) * per_token[0],
+                    per_token[cfg.recompute] * layers)
+
+
+def recompute_saving(model: ModelSpec, seq_len: int, cfg: ConfigArrays, flash: bool = True,
+                     capacity: float = 1.0) -> np.ndarray:
+    """HBM bytes one more recomputed layer saves per micro-batch in flight: its whole
+    activations less its kept input, ``(stored(none) - stored(full)) b s / (cp tp)``."""
+    per_token = stored_bytes_per_token(model, seq_len, flash, capacity)
+    return (per_token[0] - per_token[2]) * cfg.micro_batch * seq_len / cfg.cp / cfg.tp
 
 
 @dataclass(frozen=True)
@@ -141,8 +175,11 @@ def param_counts(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, emb: n
     Megatron does; a single stage holding both keeps one tied matrix).
     """
     lp = LayerParams.of(model)
-    vh = float(model.vocab * model.hidden)
-    head_params = np.where(emb & model.tied_embeddings, model.hidden, vh + model.hidden)
+    # Embedding (and a learned position table) on the first stage; LM head and final norm on
+    # the last (only the final norm where the head is tied to the embedding on the same stage).
+    vh = float(model.embedding_params)
+    head_params = np.where(emb & model.tied_embeddings, model.final_norm_params,
+                           model.head_params)
     dense = (layers * lp.dense + emb * vh + head * head_params) / cfg.tp
     expert = layers * lp.expert / (cfg.tp * cfg.ep)
     return dense, expert
@@ -190,11 +227,12 @@ def model_state_bytes(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, e
 
 def activation_bytes(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: np.ndarray,
                      head: np.ndarray, in_flight: np.ndarray, resident: float,
-                     flash: bool = True, capacity: float = 1.0
+                     flash: bool = True, capacity: float = 1.0, fp8: bool = False
                      ) -> tuple[np.ndarray, np.ndarray]:
     """Activation bytes per GPU in HBM and in host memory (offload).
 
-    HBM: in-flight micro-batches x stored layers, plus working sets.
+    HBM: in-flight micro-batches x stored layers (:func:`stored_layer_bytes`: with the block
+    method the recomputed layers keep their input, the others everything), plus working sets.
 
     Per micro-batch a GPU sees ``b s / cp`` tokens, sharded ``tp`` ways (sequence parallelism).
     Offload keeps only ``resident`` micro-batches in HBM, the rest in host memory. Full recomputation adds one layer's
@@ -203,9 +241,9 @@ def activation_bytes(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: 
     one micro-batch of fp32 logits (``s b V 4 / tp``).
     """
     tokens = cfg.micro_batch * seq_len / cfg.cp / cfg.tp
-    per_token = stored_bytes_per_token(model, seq_len, flash, capacity)
+    per_token = stored_bytes_per_token(model, seq_len, flash, capacity, fp8)
     held = np.where(cfg.offload, np.minimum(in_flight, resident), in_flight)
-    per_micro = per_token[cfg.recompute] * layers * tokens
+    per_micro = stored_layer_bytes(per_token, cfg, layers) * tokens
     working = np.where(cfg.recompute == 2, per_token[0] * tokens, 0.0)
     head_bytes = head * tokens * (4.0 * model.hidden * held + LOGIT_BYTES * model.vocab)
     return per_micro * held + working + head_bytes, per_micro * (in_flight - held)
@@ -222,5 +260,5 @@ def substage_memory(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: n
     weights, grads, optim = model_state_bytes(model, cfg, layers, emb, head, zero3_per_module,
                                               fp8)
     acts, host = activation_bytes(model, seq_len, cfg, layers, head, in_flight, resident, flash,
-                                  capacity)
+                                  capacity, fp8)
     return MemoryArrays(weights, grads, optim, acts, host)

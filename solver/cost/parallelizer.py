@@ -25,6 +25,7 @@ import numpy as np
 from solver.cost.configs import FeatureSet, enumerate_configs, framework_features
 from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
 from solver.cost.partial import MemoryBreakdown, PartialPlan, PlanContext, SliceBatch, partial_plans
+from solver.cost.recompute_layers import partial_recompute_allowed, with_partial_recompute
 from solver.cost.stage import ModelSlice, StageConfig
 from solver.cost.stage_costs import PipelineSetting, stage_costs, substage_latencies
 from solver.cost.stage_options import StageOptions, plan_stages, stage_candidates
@@ -132,6 +133,12 @@ class AnalyticParallelizer:
             return []
         pipe = PipelineSetting(context.n_micro, context.in_flight, context.schedule,
                                context.virtual_stages)
+        if partial_recompute_allowed(context.framework):  # block method: the least k that fits
+            cfg = with_partial_recompute(
+                slice.model, island, context.seq_len, cfg, slice.layers, slice.has_embedding,
+                slice.has_head, pipe, [context.in_flight],
+                (1.0 - context.epsilon) * island.hbm_gb * 1e9, self.calibration,
+                context.runtime)[0]
         costs = stage_costs(slice, island, context.seq_len, cfg, pipe, self.calibration,
                             context.runtime)
         idx = np.flatnonzero(costs.fits(island.hbm_gb, context.epsilon, self.calibration))
@@ -165,24 +172,31 @@ class AnalyticParallelizer:
         if m == 0:
             return [[] for _ in lengths]
         cfg = base.take(np.tile(np.arange(m), len(lengths)))
-        layers = np.repeat(np.asarray(lengths), m)
+        owner = np.repeat(np.arange(len(lengths)), m)
+        layers = np.asarray(lengths)[owner]
         pipe = PipelineSetting(context.n_micro, context.in_flight, context.schedule,
                                context.virtual_stages)
+        if partial_recompute_allowed(context.framework):  # as in ``plan``
+            cfg, src = with_partial_recompute(
+                model, island, context.seq_len, cfg, layers, has_embedding, has_head, pipe,
+                [context.in_flight], (1.0 - context.epsilon) * island.hbm_gb * 1e9,
+                self.calibration, context.runtime)
+            owner, layers = owner[src], layers[src]
         batch = SliceBatch(model, layers, has_embedding, has_head)
         costs = stage_costs(batch, island, context.seq_len, cfg, pipe, self.calibration,
                             context.runtime)
         idx = np.flatnonzero(costs.fits(island.hbm_gb, context.epsilon, self.calibration))
-        which = idx // m
+        which = owner[idx]
         groups = ((which * 1_000_003 + cfg.tp[idx]) * 1_000_003 + cfg.cp[idx]) * 1_000_003 \
             + cfg.dp[idx]
         obj = np.column_stack([costs.latency_s[idx], costs.iteration_s[idx],
                                costs.memory.total[idx]])
         chosen = idx[pareto_mask(groups, obj)]
-        chosen = chosen[np.lexsort((costs.latency_s[chosen], chosen // m))]
+        chosen = chosen[np.lexsort((costs.latency_s[chosen], owner[chosen]))]
         subs = [(x,) for x in costs.latency_s[chosen].tolist()]
         plans = partial_plans(cfg, costs, chosen, subs)
         out: list[list[PartialPlan]] = [[] for _ in lengths]
-        for i, plan in zip((chosen // m).tolist(), plans):
+        for i, plan in zip(owner[chosen].tolist(), plans):
             out[i].append(plan)
         return out
 

@@ -160,7 +160,8 @@ def partial_plans(cfg: ConfigArrays, costs: StageCosts, index: np.ndarray,
     returns about a hundred Pareto points, and per-element NumPy access dominated its time)."""
     n = len(cfg)
     cols = {f: _column(getattr(cfg, f), index, n)
-            for f in ("tp", "cp", "ep", "pp", "dp", "zero", "recompute", "offload", "micro_batch")}
+            for f in ("tp", "cp", "ep", "pp", "dp", "zero", "recompute", "offload", "micro_batch",
+                      "recompute_layers")}
     mem = costs.memory
     gb = {f: [x / 1e9 for x in _column(getattr(mem, f), index, n)]
           for f in ("params", "grads", "optimizer", "activations")}
@@ -171,7 +172,8 @@ def partial_plans(cfg: ConfigArrays, costs: StageCosts, index: np.ndarray,
     for k in range(len(index)):
         config = StageConfig(cols["tp"][k], cols["cp"][k], cols["ep"][k], cols["pp"][k],
                              cols["dp"][k], cols["zero"][k], RECOMPUTE_CODES[cols["recompute"][k]],
-                             bool(cols["offload"][k]), cols["micro_batch"][k])
+                             bool(cols["offload"][k]), cols["micro_batch"][k],
+                             cols["recompute_layers"][k] or None)
         breakdown = MemoryBreakdown(gb["params"][k], gb["grads"][k], gb["optimizer"][k],
                                     gb["activations"][k])
         out.append(PartialPlan(config, lat[k], fwd[k], bwd[k], it[k], total[k], breakdown,

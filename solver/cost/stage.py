@@ -84,6 +84,14 @@ class StageConfig:
         In-flight activations are kept in host memory (over PCIe) instead of HBM.
     micro_batch : int
         Sequences per micro-batch per data-parallel replica.
+    recompute_layers : int | None
+        With ``recompute`` FULL, how many layers of each (sub-)stage are recomputed: None, all of
+        them (every layer's input kept, every layer recomputed: Megatron's ``uniform`` method
+        with ``--recompute-num-layers 1``); ``k``, the first ``k`` layers of each pipeline rank
+        (Megatron's ``block`` method with ``--recompute-num-layers k``; FlagScale's
+        ``recompute_method_per_stage_micro_batch`` 1 and ``recompute_num_layers_per_stage_
+        micro_batch`` k), the others storing their whole activations. A sub-stage of fewer than
+        ``k`` layers recomputes all of them. Must be None without FULL.
     """
 
     tp: int = 1
@@ -95,6 +103,19 @@ class StageConfig:
     recompute: Recompute = Recompute.NONE
     offload: bool = False
     micro_batch: int = 1
+    recompute_layers: int | None = None
+
+    def __post_init__(self) -> None:
+        k = self.recompute_layers
+        if k is not None and (self.recompute is not Recompute.FULL or k < 1):
+            raise ValueError(f"recompute_layers {k} needs full recomputation and k >= 1 "
+                             f"(recompute {self.recompute.value})")
+
+    def recomputed_layers(self, layers: int) -> int:
+        """Layers a (sub-)stage of ``layers`` layers recomputes under this configuration."""
+        if self.recompute is not Recompute.FULL:
+            return 0
+        return layers if self.recompute_layers is None else min(self.recompute_layers, layers)
 
     @property
     def gpus(self) -> int:
@@ -114,6 +135,8 @@ class ConfigArrays:
         Integer codes, index into :data:`RECOMPUTE_CODES`.
     offload : numpy.ndarray
         Boolean array.
+    recompute_layers : numpy.ndarray | int
+        :attr:`StageConfig.recompute_layers` with 0 for None (all layers).
     """
 
     tp: np.ndarray
@@ -125,12 +148,14 @@ class ConfigArrays:
     recompute: np.ndarray
     offload: np.ndarray
     micro_batch: np.ndarray
+    recompute_layers: np.ndarray | int = 0
 
     @classmethod
     def of(cls, configs: list[StageConfig] | tuple[StageConfig, ...]) -> "ConfigArrays":
         """Arrays holding ``configs`` in order."""
         cols = {f.name: [getattr(c, f.name) for c in configs] for f in fields(StageConfig)}
         cols["recompute"] = [RECOMPUTE_CODES.index(r) for r in cols["recompute"]]
+        cols["recompute_layers"] = [k or 0 for k in cols["recompute_layers"]]
         arrays = {k: np.asarray(v, dtype=bool if k == "offload" else np.int64)
                   for k, v in cols.items()}
         return cls(**arrays)
@@ -148,13 +173,31 @@ class ConfigArrays:
         cols = {f.name: np.broadcast_to(getattr(self, f.name), (n,))[np.asarray(index, dtype=int)]
                 .tolist() for f in fields(self)}
         return [StageConfig(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, zero=z, recompute=RECOMPUTE_CODES[r],
-                            offload=bool(o), micro_batch=b)
-                for tp, cp, ep, pp, dp, z, r, o, b in zip(
+                            offload=bool(o), micro_batch=b, recompute_layers=k or None)
+                for tp, cp, ep, pp, dp, z, r, o, b, k in zip(
                     cols["tp"], cols["cp"], cols["ep"], cols["pp"], cols["dp"], cols["zero"],
-                    cols["recompute"], cols["offload"], cols["micro_batch"])]
+                    cols["recompute"], cols["offload"], cols["micro_batch"],
+                    cols["recompute_layers"])]
+
+    def joined(self, other: "ConfigArrays") -> "ConfigArrays":
+        """These configurations followed by ``other``'s."""
+        n, m = len(self), len(other)
+        return ConfigArrays(**{f.name: np.concatenate([
+            np.broadcast_to(getattr(self, f.name), (n,)),
+            np.broadcast_to(getattr(other, f.name), (m,))]) for f in fields(self)})
 
     def take(self, index: np.ndarray) -> "ConfigArrays":
         """The configurations at ``index`` (integer or boolean array)."""
         n = len(self)
         return ConfigArrays(**{f.name: np.broadcast_to(getattr(self, f.name), (n,))[index]
                                for f in fields(self)})
+
+
+def recomputed_layers(cfg: ConfigArrays, layers: np.ndarray) -> np.ndarray:
+    """Layers of a (sub-)stage of ``layers`` layers that each configuration recomputes:
+    all under full recomputation (``recompute_layers`` 0), ``min(k, layers)`` under the block
+    method with ``k``, none otherwise (:attr:`StageConfig.recompute_layers`)."""
+    k = np.asarray(cfg.recompute_layers)
+    layers = np.asarray(layers)
+    full = np.asarray(cfg.recompute) == RECOMPUTE_CODES.index(Recompute.FULL)
+    return np.where(full, np.where(k > 0, np.minimum(k, layers), layers), 0)

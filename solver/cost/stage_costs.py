@@ -49,8 +49,9 @@ from solver.cost.efficiency import (
     Links,
 )
 from solver.cost.frameworks import Runtime
-from solver.cost.memory import MemoryArrays, stored_bytes_per_token, substage_memory
-from solver.cost.stage import ConfigArrays, ModelSlice
+from solver.cost.memory import (MemoryArrays, stored_bytes_per_token, stored_layer_bytes,
+                                substage_memory)
+from solver.cost.stage import ConfigArrays, ModelSlice, recomputed_layers
 from solver.cost.sync import _zero_and_sync
 from solver.cost.timing import (
     Components,
@@ -165,24 +166,30 @@ def _time_inputs(model: ModelSpec, island: Island, seq_len: int, calib: Calibrat
     gpu, prec = island.gpu, runtime.precision
     sixteen = island.tflops_per_gpu * 1e12
     peak = sixteen * gpu.peak_tflops(prec) / gpu.peak_tflops(Precision.BF16)
-    fused = (calib.attention is AttentionKernel.FLASH and not runtime.profile.unfused_attention
-             and all(g.attention != "unfused" for g in island.gpu_types))
+    fused = attention_fused(island, calib, runtime)
     attention = min(g.attention_eff for g in island.gpu_types) if fused else None
     return TimeInputs(model, seq_len, peak, sixteen, GemmKernel.of(island, prec, calib), attention,
                       Links.of(island, calib), calib, runtime.profile, runtime.overlap)
 
 
+def attention_fused(island: Island, calib: Calibration, runtime: Runtime) -> bool:
+    """Whether the stage runs a fused attention kernel (FlashAttention: no stored scores)."""
+    return (calib.attention is AttentionKernel.FLASH and not runtime.profile.unfused_attention
+            and all(g.attention != "unfused" for g in island.gpu_types))
+
+
 def _fp8(island: Island, runtime: Runtime) -> bool:
     """The stage runs FP8 GEMMs (asked for, and every GPU of the island has them)."""
-    return runtime.precision is Precision.FP8 and all(
-        g.runs_in(Precision.FP8) == "fp8" for g in island.gpu_types)
+    return all(g.runs_fp8(runtime.precision) for g in island.gpu_types)
 
 
 def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,
                    head: np.ndarray, in_flight: np.ndarray, p2p_factor: float,
                    fp8: bool = False) -> SubStageCosts:
     """Costs of a sub-stage with ``layers`` layers (plus embedding/head flags), all broadcast."""
-    lf, lb = layer_times(ti, cfg)
+    layers = np.asarray(layers)
+    share = recomputed_layers(cfg, layers) / np.maximum(layers, 1)
+    lf, lb = layer_times(ti, cfg, share)
     ef, eb = embedding_times(ti, cfg)
     hf, hb = head_times(ti, cfg)
     fwd = lf.scaled(layers).plus(ef.scaled(emb)).plus(hf.scaled(head))
@@ -193,8 +200,8 @@ def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
                                                    bwd_work)
     flash = ti.attention_eff is not None
     cf = ti.calib.moe_capacity_factor
-    stored = (stored_bytes_per_token(ti.model, ti.seq_len, flash, cf)[cfg.recompute] * layers
-              * tokens_per_gpu(cfg, ti.seq_len) / cfg.tp)
+    stored = (stored_layer_bytes(stored_bytes_per_token(ti.model, ti.seq_len, flash, cf), cfg,
+                                 layers) * tokens_per_gpu(cfg, ti.seq_len) / cfg.tp)
     copy = np.where(cfg.offload, stored / ti.links.pcie_bw, 0.0)
     hidden = 1.0 if ti.overlap else 0.0  # copy engines run beside the compute of the pass
     fwd = Components(fwd.compute, fwd.recompute, fwd.tp, fwd.cp, fwd.ep, z_fwd,
@@ -341,6 +348,19 @@ def _combine(reps: list[tuple[SubStageCosts, np.ndarray]]) -> StageCosts:
                       host)
 
 
+def island_substage_memory(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigArrays,
+                           layers: np.ndarray, emb: np.ndarray, head: np.ndarray,
+                           in_flight: np.ndarray, calib: Calibration = DEFAULT_CALIBRATION,
+                           runtime: Runtime = Runtime()) -> MemoryArrays:
+    """:func:`~solver.cost.memory.substage_memory` of a sub-stage on ``island`` under
+    ``runtime`` (its attention kernel, FP8 and ZeRO-3 gathering, as :func:`stage_costs`)."""
+    ti = _time_inputs(model, island, seq_len, calib, runtime)
+    return substage_memory(model, seq_len, cfg, layers, emb, head, in_flight,
+                           calib.offload_resident, ti.attention_eff is not None,
+                           runtime.framework is Framework.DEEPSPEED, _fp8(island, runtime),
+                           calib.moe_capacity_factor)
+
+
 def in_flight_capacity(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays,
                        costs: StageCosts, n_micro: int, epsilon: float,
                        calib: Calibration = DEFAULT_CALIBRATION,
@@ -352,12 +372,9 @@ def in_flight_capacity(slc: ModelSlice, island: Island, seq_len: int, cfg: Confi
     in-flight count (activations scale with it, offload keeps ``offload_resident`` in HBM and
     the rest on the host), so two evaluations give it exactly: ``m(h) = m(1) + (h − 1)·Δ``.
     """
-    ti = _time_inputs(slc.model, island, seq_len, calib, runtime)
-    two = substage_memory(slc.model, seq_len, cfg, np.asarray(slc.layers),
-                          np.asarray(slc.has_embedding), np.asarray(slc.has_head), np.asarray(2.0),
-                          calib.offload_resident, ti.attention_eff is not None,
-                          runtime.framework is Framework.DEEPSPEED, _fp8(island, runtime),
-                          calib.moe_capacity_factor)
+    two = island_substage_memory(slc.model, island, seq_len, cfg, np.asarray(slc.layers),
+                                 np.asarray(slc.has_embedding), np.asarray(slc.has_head),
+                                 np.asarray(2.0), calib, runtime)
     hbm_limit = (1.0 - epsilon) * island.hbm_gb * 1e9
     host_limit = calib.host_offload_gb * 1e9
     out = np.full(np.shape(costs.memory.total), float(n_micro))

@@ -12,13 +12,15 @@ built only for the options a plan uses.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numba import njit
 
-from solver.cost.configs import FeatureSet, _zero_allowed, enumerate_configs
+from solver.cost.configs import FeatureSet, _zero_allowed, enumerate_configs, multi_mesh_cp
 from solver.cost.partial import PartialPlan, PlanContext, SliceBatch, partial_plans
+from solver.cost.recompute_layers import (RECOMPUTE_LEVELS, partial_recompute_allowed,
+                                          with_partial_recompute)
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, StageCosts, in_flight_capacity, stage_costs
 from solver.spec.domain import Island, ModelSpec, Schedule
@@ -126,10 +128,20 @@ def stage_candidates(parallelizer, model: ModelSpec, lengths: list[int], has_emb
         ok = whole | _zero_allowed(ctx.framework, base.zero[rows], np.asarray(base.pp)[rows],
                                    False, feats.zero)
         ok |= base.dp[rows] * base.cp[rows] == 1
+        # A shorter slice is one mesh of several: CP only where the runtime runs it there.
+        ok &= whole | multi_mesh_cp(ctx.framework, base.cp[rows])
         rows, per_row, length_index = rows[ok], per_row[ok], length_index[ok]
     cfg = base.take(rows)
-    batch = SliceBatch(model, per_row, has_embedding, has_head)
     pipe = PipelineSetting(ctx.n_micro, 1, ctx.schedule, ctx.virtual_stages)
+    if partial_recompute_allowed(ctx.framework):  # block method: least k per in-flight count
+        # The same rows at every n_micro where options are shared across counts (memo).
+        top = max(ctx.n_micro, RECOMPUTE_LEVELS) if shares_across_n(ctx) else ctx.n_micro
+        cfg, src = with_partial_recompute(
+            model, island, ctx.seq_len, cfg, per_row, has_embedding, has_head,
+            replace(pipe, n_micro=top), list(range(1, top + 1)),
+            (1.0 - ctx.epsilon) * island.hbm_gb * 1e9, parallelizer.calibration, ctx.runtime)
+        per_row, length_index = per_row[src], length_index[src]
+    batch = SliceBatch(model, per_row, has_embedding, has_head)
     costs = stage_costs(batch, island, ctx.seq_len, cfg, pipe, parallelizer.calibration,
                         ctx.runtime)
     cap = in_flight_capacity(batch, island, ctx.seq_len, cfg, costs, ctx.n_micro, ctx.epsilon,

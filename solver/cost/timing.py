@@ -20,7 +20,9 @@ backward for dK/dV); EP dispatches and combines ``n k h 2 / tp`` bytes per GPU (
 capacity factor: the busiest rank) with two all-to-alls per pass, split into the NVLink part
 among the EP ranks of one node and the network part (:meth:`~solver.cost.efficiency.Links.
 all_to_all`); the busiest rank's expert GEMMs see the capacity factor too. Full recomputation repeats the forward (compute and its collectives)
-inside the backward pass; selective recomputation repeats the attention core (and the CP ring).
+inside the backward pass, of every layer or, with the block method, of the recomputed ones
+(:attr:`~solver.cost.stage.StageConfig.recompute_layers`); selective recomputation repeats the
+attention core (and the CP ring).
 
 TP overlap is the framework's (``solver.cost.frameworks``). Megatron-Core's
 ``--tp-comm-overlap`` (Transformer Engine userbuffers) splits each all-gather / reduce-scatter
@@ -219,7 +221,8 @@ def _layer_comm(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray
     return tp, cp, ep
 
 
-def layer_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Components]:
+def layer_times(ti: TimeInputs, cfg: ConfigArrays, share: np.ndarray | float = 1.0
+                ) -> tuple[Components, Components]:
     """Forward and backward :class:`Components` of one layer for one micro-batch.
 
     The backward pass costs twice the forward's compute. Its TP and EP traffic equals the
@@ -231,21 +234,25 @@ def layer_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Componen
     collectives to it; selective recomputation (code 1) adds the attention core and its CP ring.
     CP communication is hidden behind the attention core of the same pass (ring attention); only
     the excess is exposed.
+
+    ``share``: the fraction of the (sub-)stage's layers that full recomputation recomputes
+    (the block method's ``r / layers``, :func:`~solver.cost.stage.recomputed_layers`); the
+    returned backward is the mean over its layers, so ``layers`` times it is ``layers`` plain
+    backward passes plus ``r`` recomputed forwards.
     """
     n = tokens_per_gpu(cfg, ti.seq_len)
     comp, attn, gemm = _layer_compute_fwd(ti, cfg, n)
     tp, cp, ep = _layer_comm(ti, cfg, n)
-    full = cfg.recompute == 2
-    rc_core = np.where(full, comp, np.where(cfg.recompute == 1, attn, 0.0))
+    rc_comm = np.where(cfg.recompute == 2, share, 0.0)
+    rc_core = rc_comm * comp + np.where(cfg.recompute == 1, attn, 0.0)
     cp_exposed = np.maximum(cp - attn, 0.0) if ti.overlap else cp
     tp_fwd = tp_exposed(ti, tp, gemm, cfg.tp)
     tp_bwd = tp_exposed(ti, tp, 2 * gemm, cfg.tp)
     fwd = Components(compute=comp, tp=tp_fwd, cp=cp_exposed, ep=ep)
-    rc_comm = np.where(full, 1.0, 0.0)
     bwd = Components(
         compute=2 * comp, recompute=rc_core,
         tp=tp_bwd + rc_comm * tp_fwd, ep=ep * (1 + rc_comm),
-        cp=cp_exposed * (2 + np.where(cfg.recompute > 0, 1.0, 0.0)),
+        cp=cp_exposed * (2 + rc_comm + np.where(cfg.recompute == 1, 1.0, 0.0)),
     )
     return fwd, bwd
 

@@ -1,21 +1,27 @@
-"""A plan's pipeline as runtime meshes, and the flags every Megatron-family runtime shares.
+"""A plan's pipeline as runtime meshes, its nodes in rank order, and the flags every
+Megatron-family runtime shares.
 
 A *mesh* (FlagScale's ``hetero_process_meshes`` entry) is a run of consecutive pipeline stages
 on one island with one layout ``(tp, cp, ep, dp)``: it has ``pp`` stages (internal sub-stages
-count), one device type and ``tp·cp·dp·pp`` GPUs.
+count), one device type and ``tp·cp·dp·pp`` GPUs. Megatron orders ranks ``tp-cp-ep-dp-pp``
+(innermost first; ``megatron/core/parallel_state.py``, ``RankGenerator``), so a mesh's first
+``tp·cp·dp`` ranks are its first pipeline stage, and the nodes of a plan in rank order are the
+stages' nodes in pipeline order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from solver.cost.runtime_rules import vendor_problem
 from solver.cost.stage_costs import substage_layers
+from solver.launch.errors import NotExpressible
+from solver.launch.model_flags import model_flags
 from solver.planner.plan import Plan
-from solver.spec.domain import Precision, Recompute
+from solver.spec.domain import Node, Precision, Recompute
 
-
-class NotExpressible(Exception):
-    """The runtime cannot express the plan (the message says why)."""
+__all__ = ["Mesh", "NotExpressible", "meshes", "micro_batch_size", "model_flags",
+           "nodes_in_rank_order", "optimizer_flags", "precision_flags", "slots", "vendor_check"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,11 @@ class Mesh:
         Transformer layers of each of its pipeline stages, in order.
     recompute : tuple[Recompute, ...]
         Recomputation of each of its pipeline stages.
+    recompute_layers : tuple[int | None, ...]
+        With full recomputation, the layers each pipeline stage recomputes by Megatron's block
+        method (None: all, the uniform method); None without full recomputation.
+    nodes : tuple[Node, ...]
+        Its nodes in rank order (each node's GPUs are consecutive ranks).
     """
 
     device: str
@@ -42,11 +53,22 @@ class Mesh:
     pp: int
     layers: tuple[int, ...]
     recompute: tuple[Recompute, ...]
+    recompute_layers: tuple[int | None, ...] = ()
+    nodes: tuple[Node, ...] = ()
 
     @property
     def gpus(self) -> int:
         """GPUs of the mesh (``ep`` is carved out of ``dp``, as in Megatron)."""
         return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        """GPU types of its nodes (one, unless its island merged types)."""
+        return frozenset(n.gpu.name for n in self.nodes)
+
+
+def _stage_nodes(stage) -> tuple[Node, ...]:
+    return tuple(stage.nodes or stage.island.nodes)
 
 
 def meshes(plan: Plan) -> list[Mesh]:
@@ -58,16 +80,32 @@ def meshes(plan: Plan) -> list[Mesh]:
         c = s.plan.config
         layers = tuple(int(x) for x in substage_layers(s.end - s.start, c.pp))
         rc = (c.recompute,) * c.pp
+        k = (c.recompute_layers,) * c.pp
         key = (s.island.gpu.name, c.tp, c.cp, c.ep, c.dp)
-        same = (out and previous == s.island.name
-                and (out[-1].device, out[-1].tp, out[-1].cp, out[-1].ep, out[-1].dp) == key)
-        if same:
-            last = out.pop()
-            out.append(Mesh(*key, last.pp + c.pp, last.layers + layers, last.recompute + rc))
+        last = out[-1] if out else None
+        if last and previous == s.island.name and \
+                (last.device, last.tp, last.cp, last.ep, last.dp) == key:
+            out[-1] = Mesh(*key, last.pp + c.pp, last.layers + layers, last.recompute + rc,
+                           last.recompute_layers + k, last.nodes + _stage_nodes(s))
         else:
-            out.append(Mesh(*key, c.pp, layers, rc))
+            out.append(Mesh(*key, c.pp, layers, rc, k, _stage_nodes(s)))
         previous = s.island.name
     return out
+
+
+def nodes_in_rank_order(plan: Plan) -> list[Node]:
+    """Every node the plan uses, in rank order (mesh by mesh, stage by stage)."""
+    return [n for m in meshes(plan) for n in m.nodes]
+
+
+def slots(mesh: Mesh) -> int:
+    """GPUs the mesh uses on each of its nodes (a stage group uses the same count on each:
+    its island's smallest node size)."""
+    per, rest = divmod(mesh.gpus, len(mesh.nodes))
+    if rest or per > min(n.gpus for n in mesh.nodes):
+        raise NotExpressible(f"mesh of {mesh.gpus} GPUs on {len(mesh.nodes)} nodes does not "
+                             "use the same number of GPUs on each node")
+    return per
 
 
 def micro_batch_size(plan: Plan, dp: int) -> int:
@@ -82,35 +120,13 @@ def precision_flags(plan: Plan) -> dict[str, object]:
     if p is Precision.FP16 or any(not g.bf16 for g in devices):
         return {"fp16": True}
     out: dict[str, object] = {"bf16": True}
-    if p is Precision.FP8:
-        if not all(g.runs_in(Precision.FP8) == "fp8" for g in devices):
-            raise NotExpressible("precision fp8: Transformer Engine's --fp8-format is one flag "
-                                 "for the job, and some stages run on GPUs without FP8 "
-                                 "(plan with precision \"bf16\" for this cluster)")
-        out.update(fp8_format="hybrid", fp8_recipe="delayed")
-    return out
-
-
-def model_flags(plan: Plan) -> dict[str, object]:
-    """The model's shape as Megatron flags."""
-    m, t = plan.job.model, plan.job.training
-    out: dict[str, object] = {
-        "num_layers": m.layers, "hidden_size": m.hidden, "ffn_hidden_size": m.ffn,
-        "num_attention_heads": m.heads, "seq_length": t.seq_len,
-        "max_position_embeddings": t.seq_len, "normalization": "RMSNorm",
-        "position_embedding_type": "rope", "swiglu": m.gated_mlp,
-        "untie_embeddings_and_output_weights": not m.tied_embeddings,
-        "disable_bias_linear": True,
-    }  # the vocabulary comes from the tokenizer (--tokenizer-type / --vocab-size)
-    if m.kv_heads != m.heads:
-        out.update(group_query_attention=True, num_query_groups=m.kv_heads)
-    if m.head_dim:
-        out["kv_channels"] = m.head_dim
-    if m.is_moe:
-        out.update(num_experts=m.experts, moe_router_topk=m.top_k,
-                   moe_ffn_hidden_size=m.expert_ffn)
-        if m.shared_experts:
-            out["moe_shared_expert_intermediate_size"] = m.shared_experts * m.expert_ffn
+    if p.is_fp8:
+        if not all(g.runs_fp8(p) for g in devices):
+            raise NotExpressible(f"precision {p.value}: Transformer Engine's --fp8-format is one "
+                                 "flag for the job, and some stages run on GPUs without "
+                                 f"{'MXFP8' if p is Precision.FP8_MX else 'FP8'} (plan with "
+                                 "precision \"bf16\" for this cluster)")
+        out.update(fp8_format="hybrid", fp8_recipe=p.fp8_recipe)
     return out
 
 
@@ -123,3 +139,11 @@ def optimizer_flags(plan: Plan) -> dict[str, object]:
     dist = 1 in zero
     return {"use_distributed_optimizer": dist, "overlap_grad_reduce": True,
             "overlap_param_gather": dist}
+
+
+def vendor_check(plan: Plan) -> None:
+    """One communicator for the job: the GPUs of one vendor
+    (:func:`solver.cost.runtime_rules.vendor_problem` states the rule and its source)."""
+    why = vendor_problem({n.gpu for n in nodes_in_rank_order(plan)})
+    if why:
+        raise NotExpressible(why)

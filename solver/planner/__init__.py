@@ -9,8 +9,10 @@ composes one latency table per pipeline depth exactly, adds the per-iteration te
 a :class:`Plan` that :func:`validate` has checked against the job, or raises
 :class:`~solver.spec.InfeasibleError`. Baselines (:mod:`solver.planner.baselines`) and the
 persistent partial-plan cache (:mod:`solver.planner.plancache`) plug into the same search.
-Last, :mod:`solver.planner.replicas` searches plans of several pipeline replicas across islands
-with uneven batch shares (:class:`ReplicatedPlan`, the single plan is one replica).
+Last, on request (``[planner] replicas = true``), :mod:`solver.planner.replicas` searches plans
+of several pipeline replicas across islands with uneven batch shares (:class:`ReplicatedPlan`,
+the single plan is one replica; :mod:`solver.planner.replica_runtime` says which runtime could
+train them).
 """
 
 from solver.planner.baselines import Baseline, plan_baseline

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 
 from solver.compose.table import Position
+from solver.cost.frameworks import precision_problem
 from solver.cost.parallelizer import AnalyticParallelizer, PlanContext, best_plan
 from solver.cost.stage import ModelSlice
 from solver.islands import IslandSet
@@ -37,8 +38,16 @@ class Baseline(enum.Enum):
 
 
 def oblivious_island(job: JobSpec) -> Island:
-    """The whole cluster as one island of its weakest members."""
-    return Island("oblivious-all", job.cluster.nodes)
+    """The whole cluster as one island of its weakest members: of the nodes a runtime can run
+    together (:mod:`solver.cost.frameworks`: one vendor, the job's precision), the vendor with
+    the most TFLOP/s when the cluster mixes vendors."""
+    runs = [n for n in job.cluster.nodes
+            if precision_problem(n.gpu, job.training.precision) is None] or job.cluster.nodes
+    by_vendor: dict[str, list] = {}
+    for n in runs:
+        by_vendor.setdefault(n.gpu.vendor, []).append(n)
+    nodes = max(by_vendor.values(), key=lambda ns: sum(n.gpus * n.tflops for n in ns))
+    return Island("oblivious-all", tuple(nodes))
 
 
 def plan_baseline(job: JobSpec, kind: Baseline, features: FeaturePreset | None = None) -> Plan:

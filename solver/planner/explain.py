@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from solver.cost.stage_costs import substage_layers
 from solver.planner.plan import Plan
-from solver.spec.domain import Recompute
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,9 @@ def explain(plan: Plan) -> list[StageReport]:
         per_layer = 2.0 * (m.active_params_per_layer - m.norm_params) \
             + 4.0 * t.seq_len * m.heads * m.d_head
         fwd = per_layer * layers + (2.0 * m.vocab * m.hidden if s.end == m.layers else 0.0)
-        passes = 3.0 + (1.0 if c.recompute is Recompute.FULL else 0.0)
+        # Full recomputation repeats the forward of its recomputed layers (all, or k per rank).
+        redone = sum(c.recomputed_layers(int(n)) for n in substage_layers(layers, c.pp))
+        passes = 3.0 + redone / layers
         mem = s.plan.memory
         out.append(StageReport(i, float(dense + expert), dense / c.tp + expert / (c.tp * c.ep),
                                passes * fwd * tokens / 1e12, mem.params, mem.grads,

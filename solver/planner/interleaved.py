@@ -42,6 +42,7 @@ from solver.cost.stage_costs import substage_layers
 from solver.islands import IslandSet, group_island, node_key
 from solver.planner.floors import compute_floor
 from solver.planner.plan import Plan, SolverInfo, StagePlan, interleaved_cycle_time
+from solver.planner.reasons import outside_view
 from solver.spec.domain import FeaturePreset, Island, JobSpec, Schedule
 
 __all__ = ["chunk_counts", "plain_floor", "one_mesh_floor", "interleaved_depths",
@@ -228,6 +229,6 @@ def _decode(job: JobSpec, found, islands: IslandSet, view: str, island: Island,
     idle = tuple((x.node_id, why if x in island.nodes else
                   f"island {i.name} is not in the optimal plan ({kind})")
                  for i in islands.islands for x in sorted(i.nodes, key=node_key)
-                 if x.node_id not in busy)
+                 if x.node_id not in busy) + outside_view(job, islands)
     info = SolverInfo("interleaved" if v > 1 else "one-mesh", True, 0.0, calls)
     return Plan(job, islands, (stage,), (), n, job.planner.overlap, info, idle, view, v)

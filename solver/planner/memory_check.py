@@ -13,8 +13,11 @@ Korthikanti et al. 2022 for activations, recounted for GQA, gated MLPs, MoE, Fla
 * weights 2, fp32 gradients 4, fp32 Adam master weights and moments 12 per parameter; ZeRO-1/2/3
   divide optimizer / gradients / weights by the ``dp·cp`` replicas (experts: ``dp·cp/ep``);
   ZeRO-3 adds its gathered buffer (two layers, or two of the largest matrices for DeepSpeed);
-  FP8 adds Transformer Engine's FP8 copy and transpose (2 per held weight);
-* activations: per token of a layer, full recomputation keeps the input ``2h``; otherwise
+  FP8 adds Transformer Engine's FP8 copy and transpose (2 per held weight) and saves its GEMM
+  inputs in one byte (QKV/fc1 inputs ``h``, fc2 inputs ``f``, plus an FP8 copy ``q`` of the
+  O-projection input) instead of the counts below, which are 16-bit;
+* activations: per token of a layer, full recomputation keeps the input ``2h`` (the block
+  method: in its first ``k`` layers only, the others keep everything); otherwise
   attention ``4h + 4q + 4kv`` plus FlashAttention's ``4a`` (or unfused scores ``2as`` without
   recomputation), MLP ``4h`` plus ``6f`` (gated) or ``4f``, MoE ``4h + 4E`` plus the routed
   copies ``cf·k·(4h + 6f_e)`` and shared experts; tokens per GPU ``b s / (cp tp)``; times the
@@ -26,7 +29,7 @@ Korthikanti et al. 2022 for activations, recounted for GQA, gated MLPs, MoE, Fla
 
 from __future__ import annotations
 
-from solver.spec.domain import Framework, ModelSpec, Precision, Recompute
+from solver.spec.domain import Framework, ModelSpec, Recompute
 
 _W, _G, _O, _FP8 = 2.0, 4.0, 12.0, 2.0
 
@@ -57,32 +60,51 @@ def _params(m: ModelSpec) -> tuple[float, float, float]:
     q, kv = m.heads * d, m.kv_heads * d
     mats = 3 if m.gated_mlp else 2
     attention = 2 * h * q + 2 * h * kv
+    # Norm vectors (LayerNorm: weight and bias) and linear biases, from the architecture fields.
+    norms = (2 * h + (2 * d if m.qk_norm else 0)) * (2 if m.normalization == "layernorm" else 1)
+    norms += (q + 2 * kv) if (m.qkv_bias or m.bias) else 0
+    norms += (2 * h + (mats - 1) * m.ffn) if m.bias else 0
     if m.is_moe:
-        dense = attention + 2 * h + h * m.experts + m.shared_experts * mats * h * m.expert_ffn
+        dense = attention + norms + h * m.experts + m.shared_experts * mats * h * m.expert_ffn
         expert = m.experts * mats * h * m.expert_ffn
     else:
-        dense, expert = attention + 2 * h + mats * h * m.ffn, 0
+        dense, expert = attention + norms + mats * h * m.ffn, 0
     width = max(m.ffn, m.expert_ffn if m.is_moe else 0)
     largest = max(h * (q + 2 * kv), q * h, (mats - 1) * h * width, width * h)
     return float(dense), float(expert), float(largest)
 
 
-def _per_token(m: ModelSpec, seq: int, rc: Recompute, flash: bool, cf: float) -> float:
+def _per_token(m: ModelSpec, seq: int, rc: Recompute, flash: bool, cf: float,
+               fp8: bool = False) -> float:
     h = m.hidden
     if rc is Recompute.FULL:
         return 2.0 * h
     d = m.head_dim or h // m.heads
     q, kv = m.heads * d, m.kv_heads * d
-    attn = 4 * h + 4 * q + 4 * kv + (4 * m.heads if flash else 0)
+    # FP8: Transformer Engine saves its GEMM inputs in one byte (QKV/fc1 inputs h, fc2
+    # inputs f) and an FP8 copy of the O-projection input beside the attention output.
+    saved_in = 1 if fp8 else 2
+    attn = (2 + saved_in) * h + 4 * q + 4 * kv + (q if fp8 else 0) \
+        + (4 * m.heads if flash else 0)
     if not flash and rc is Recompute.NONE:
         attn += 2 * m.heads * seq
-    inter = 6 if m.gated_mlp else 4
+    inter = (4 if m.gated_mlp else 2) + saved_in
     if m.is_moe:
-        mlp = 4 * h + 4 * m.experts + cf * m.top_k * (4 * h + inter * m.expert_ffn) \
+        mlp = 4 * h + 4 * m.experts \
+            + cf * m.top_k * ((2 + saved_in) * h + inter * m.expert_ffn) \
             + m.shared_experts * inter * m.expert_ffn
     else:
-        mlp = 4 * h + inter * m.ffn
+        mlp = (2 + saved_in) * h + inter * m.ffn
     return float(attn + mlp)
+
+
+def recomputed(c, layers: int) -> int:
+    """Layers of a sub-stage of ``layers`` layers that ``c`` recomputes: all under full
+    recomputation, the first ``recompute_layers`` (at most all) under the block method."""
+    if c.recompute is not Recompute.FULL:
+        return 0
+    k = c.recompute_layers
+    return layers if k is None else min(k, layers)
 
 
 def substage_bytes(m: ModelSpec, seq: int, c, layers: int, emb: bool, head: bool, held: float,
@@ -90,8 +112,10 @@ def substage_bytes(m: ModelSpec, seq: int, c, layers: int, emb: bool, head: bool
     """Per-GPU bytes of one sub-stage running ``layers`` layers with configuration ``c``."""
     dense_l, expert_l, largest = _params(m)
     vh = float(m.vocab * m.hidden)
-    head_params = (m.hidden if emb and m.tied_embeddings else vh + m.hidden) if head else 0.0
-    dense = (layers * dense_l + (vh if emb else 0.0) + head_params) / c.tp
+    pos = float(m.max_positions * m.hidden) if m.position_embedding == "learned" else 0.0
+    final_norm = m.hidden * (2.0 if m.normalization == "layernorm" else 1.0)
+    head_params = (final_norm if emb and m.tied_embeddings else vh + final_norm) if head else 0.0
+    dense = (layers * dense_l + (vh + pos if emb else 0.0) + head_params) / c.tp
     expert = layers * expert_l / (c.tp * c.ep)
     q = c.dp * c.cp
 
@@ -105,9 +129,14 @@ def substage_bytes(m: ModelSpec, seq: int, c, layers: int, emb: bool, head: bool
     states = _W * live + (_FP8 * live if fp8 else 0.0) + _G * held_states(2) + _O * held_states(1)
     tokens = c.micro_batch * seq / c.cp / c.tp
     in_hbm = min(held, 1.0) if c.offload else held
-    acts = _per_token(m, seq, c.recompute, flash, cf) * layers * tokens * in_hbm
+    redone = recomputed(c, layers)
+    kept = (redone * _per_token(m, seq, Recompute.FULL, flash, cf, fp8)
+            + (layers - redone) * _per_token(m, seq, Recompute.NONE, flash, cf, fp8)
+            if c.recompute is Recompute.FULL
+            else _per_token(m, seq, c.recompute, flash, cf, fp8) * layers)
+    acts = kept * tokens * in_hbm
     if c.recompute is Recompute.FULL:
-        acts += _per_token(m, seq, Recompute.NONE, flash, cf) * tokens
+        acts += _per_token(m, seq, Recompute.NONE, flash, cf, fp8) * tokens
     if head:
         acts += tokens * (4.0 * m.hidden * in_hbm + 4.0 * m.vocab)
     return states + acts
@@ -120,8 +149,7 @@ def plan_memory_gb(plan, cf: float, flash_by_stage: list[bool]) -> list[float]:
     out, j0 = [], 0
     for s, flash in zip(plan.stages, flash_by_stage):
         c = s.plan.config
-        fp8 = job.training.precision is Precision.FP8 and all(
-            x.gpu.runs_in(Precision.FP8) == "fp8" for x in s.island.nodes)
+        fp8 = all(x.gpu.runs_fp8(job.training.precision) for x in s.island.nodes)
         worst = 0.0
         for j, count in enumerate(layer_counts(s.end - s.start, c.pp)):
             emb = s.start == 0 and j == 0

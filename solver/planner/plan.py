@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from solver.compose.table import Position
 from solver.cost.parallelizer import PartialPlan
 from solver.islands import IslandSet, group_island
+from solver.planner.notices import plan_warnings
 from solver.spec.domain import Island, JobSpec, Node
 
 
@@ -129,8 +130,8 @@ class SolverInfo:
         if not self.optimal:
             return "NOT proven optimal" + ("" if self.gap is None else f" (gap {self.gap:.1%})")
         if self.heuristic_pruning:
-            return ("proven optimal over the candidates heuristic rules 2 and 4 kept "
-                    "(pruning = \"safe\": over all plans)")
+            return ("proven optimal over the candidates that the heuristic rules 2 and 4 kept "
+                    "(pruning = \"paper\"; pruning = \"safe\" would prove it over all plans)")
         return "proven optimal"
 
 
@@ -227,7 +228,8 @@ def plan_json(plan: Plan, islands_payload: list[dict[str, Any]]) -> dict[str, An
         stages.append({
             "island": s.island.name, "gpu": s.island.gpu.name, "gpus": s.gpus,
             "nodes": s.node_ids, "layers": [s.start, s.end], "tp": c.tp, "cp": c.cp, "ep": c.ep, "pp": c.pp,
-            "dp": c.dp, "zero": c.zero, "recompute": c.recompute.value, "offload": c.offload,
+            "dp": c.dp, "zero": c.zero, "recompute": c.recompute.value,
+            "recompute_layers": c.recompute_layers, "offload": c.offload,
             "micro_batch": c.micro_batch, "virtual_stages": plan.virtual_stages,
             "precision": s.island.gpu.runs_in(plan.job.training.precision),
             "latency_s": _r(s.plan.latency_s), "memory_gb": _r(s.plan.memory_gb)})
@@ -248,7 +250,8 @@ def plan_json(plan: Plan, islands_payload: list[dict[str, Any]]) -> dict[str, An
             "view": plan.view, "framework": plan.job.planner.framework.value,
             "schedule": "interleaved" if plan.virtual_stages > 1 else "1f1b",
             "virtual_stages": plan.virtual_stages,
-            "idle_nodes": [{"node": node, "reason": why} for node, why in plan.idle]}
+            "idle_nodes": [{"node": node, "reason": why} for node, why in plan.idle],
+            "warnings": plan_warnings(plan)}
 
 
 def _r(x: float, digits: int = 9) -> float:

@@ -59,7 +59,8 @@ COST_MODEL_VERSION = 3
 COST_MODEL_MODULES = ("solver.cost.parallelizer", "solver.cost.partial", "solver.cost.configs",
                       "solver.cost.stage_costs", "solver.cost.timing", "solver.cost.sync",
                       "solver.cost.memory", "solver.cost.efficiency", "solver.cost.stage",
-                      "solver.cost.stage_options", "solver.cost.frameworks")
+                      "solver.cost.stage_options", "solver.cost.frameworks",
+                      "solver.cost.recompute_layers", "solver.cost.runtime_rules")
 
 
 def default_cache_dir() -> Path:
@@ -94,7 +95,8 @@ def parallelizer_identity(inner: Parallelizer) -> str:
 #: The catalog figures of a GPU type the cost model's kernels read (a GPU name alone would let
 #: an edited catalog entry return stale plans).
 KERNEL_FIELDS = ("bf16_tflops", "fp16_tflops", "fp8_tflops", "bf16", "gemm_eff", "fp8_gemm_eff",
-                 "gemm_half_balance", "gemm_latency_us", "attention", "attention_eff")
+                 "gemm_half_balance", "gemm_latency_us", "gemm_in_training", "attention",
+                 "attention_eff")
 
 
 def island_signature(island: Island) -> dict[str, Any]:
@@ -106,7 +108,8 @@ def island_signature(island: Island) -> dict[str, Any]:
             "nodes": len(island.nodes), "tflops_per_gpu": island.tflops_per_gpu,
             "hbm_gb": island.hbm_gb, "hbm_bw_gbs": island.hbm_bw_gbs,
             "nvlink_gbs": island.nvlink_gbs, "intra_gbs": intra, "pcie_gbs": island.pcie_gbs,
-            "nic_gbits": island.nic_gbits, "kernels": kernels}
+            "nic_gbits": island.nic_gbits, "nvlink_domain": island.nvlink_domain,
+            "kernels": kernels}
 
 
 def slice_signature(slc: ModelSlice) -> dict[str, Any]:
@@ -163,7 +166,7 @@ def cache_key(slc: ModelSlice, island: Island, ctx: PlanContext, identity: str,
 PLAN_COLUMNS = ("tp", "cp", "ep", "pp", "dp", "zero", "recompute", "offload", "micro_batch",
                 "latency_s", "fwd_s", "bwd_s", "iteration_s", "memory_gb", "memory_params",
                 "memory_grads", "memory_optimizer", "memory_activations", "layout",
-                "stage_latencies", "max_in_flight")
+                "stage_latencies", "max_in_flight", "recompute_layers")
 _RECOMPUTE = MappingProxyType({r.value: r for r in Recompute})
 
 
@@ -173,15 +176,16 @@ def plan_to_row(p: PartialPlan) -> list[Any]:
     c, m = p.config, p.memory
     return [c.tp, c.cp, c.ep, c.pp, c.dp, c.zero, c.recompute.value, c.offload, c.micro_batch,
             p.latency_s, p.fwd_s, p.bwd_s, p.iteration_s, p.memory_gb, m.params, m.grads,
-            m.optimizer, m.activations, list(p.layout), list(p.stage_latencies), p.max_in_flight]
+            m.optimizer, m.activations, list(p.layout), list(p.stage_latencies), p.max_in_flight,
+            c.recompute_layers]
 
 
 def plan_from_row(row: list[Any]) -> PartialPlan:
     """Inverse of :func:`plan_to_row` (raises ValueError/KeyError/TypeError on bad data)."""
     (tp, cp, ep, pp, dp, zero, rc, offload, mb, lat, fwd, bwd, it, mem, m_p, m_g, m_o, m_a,
-     layout, subs, held) = row
+     layout, subs, held, k) = row
     config = StageConfig(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, zero=zero, recompute=_RECOMPUTE[rc],
-                         offload=offload, micro_batch=mb)
+                         offload=offload, micro_batch=mb, recompute_layers=k)
     return PartialPlan(config=config, latency_s=lat, fwd_s=fwd, bwd_s=bwd, iteration_s=it,
                        memory_gb=mem, memory=MemoryBreakdown(m_p, m_g, m_o, m_a),
                        layout=tuple(layout), stage_latencies=tuple(subs), max_in_flight=held)

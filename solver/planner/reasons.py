@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from solver.cost.configs import tp_degrees
+from solver.cost.frameworks import precision_problem
 from solver.islands import node_key
 from solver.planner.candidates import granule
 from solver.planner.plan import StagePlan
@@ -37,6 +39,25 @@ def idle_nodes(run: PlanningRun, stages: list[StagePlan],
             if granule(len(isl.nodes)) > 1:
                 why += f" (groups are multiples of {granule(len(isl.nodes))} nodes here)"
         out += [(n.node_id, why) for n in sorted(isl.nodes, key=node_key) if n.node_id not in busy]
+    return tuple(out) + outside_view(run.job, run.islands)
+
+
+def outside_view(job, islands) -> tuple[tuple[str, str], ...]:
+    """The job's nodes outside every island of ``islands`` (a view of one vendor's runnable
+    islands: :func:`~solver.planner.runs.runnable_views`), with the runtime rule that leaves
+    each out (:mod:`solver.cost.frameworks`)."""
+    inside = {n.node_id for i in islands.islands for n in i.nodes}
+    used = {n.gpu.vendor for i in islands.islands for n in i.nodes}
+    out = []
+    for n in sorted(job.cluster.nodes, key=node_key):
+        if n.node_id in inside:
+            continue
+        why = precision_problem(n.gpu, job.training.precision)
+        if why is None and used and n.gpu.vendor not in used:
+            why = (f"{n.gpu.name} (vendor {n.gpu.vendor}): the plan runs on "
+                   f"{'/'.join(sorted(used))} GPUs, and one communicator (NCCL or RCCL) cannot "
+                   f"span vendors")
+        out.append((n.node_id, why or "left out by the job's [constraints] or by a mixed island"))
     return tuple(out)
 
 
@@ -49,6 +70,9 @@ def explain_infeasible(runs: list[PlanningRun]) -> str:
     if state_gb > room:
         return (f"{model.name} needs {state_gb:,.0f} GB of parameter+gradient+optimizer state; "
                 f"the whole cluster offers {room:,.0f} GB at (1 - ε)·HBM")
+    why = tp_constraint_problem(job, run.islands.islands)
+    if why:
+        return why
     ns = sorted({r.n_micro for r in runs})
     most = min(model.layers, sum(len(i.nodes) for i in run.islands.islands))
     if job.constraints.pp is not None and min(job.constraints.pp) > most:
@@ -60,3 +84,18 @@ def explain_infeasible(runs: list[PlanningRun]) -> str:
             f"group's slices exceed (1 - ε)·HBM once the activations in flight are counted, or "
             f"no layout's data-parallel degree divides the micro-batch (largest island "
             f"{biggest.name}: {biggest.gpus} × {biggest.hbm_gb:g} GB)")
+
+
+def tp_constraint_problem(job, islands) -> str | None:
+    """Why ``[constraints] tp`` leaves no layout on any island, or None: no degree in it splits
+    the model's attention heads (KV heads by the runtime's rule) and widths within a node."""
+    wanted, m, fw = job.constraints.tp, job.model, job.planner.framework
+    if wanted is None:
+        return None
+    can = sorted({t for i in islands for t in tp_degrees(m, min(i.gpus, i.gpus_per_node), fw)})
+    if set(wanted) & set(can):
+        return None
+    return (f"constraints.tp {list(wanted)}: no degree in it splits the {m.heads} attention "
+            f"heads and {m.kv_heads} KV heads of {m.name} (hidden {m.hidden}, ffn {m.ffn}) "
+            f"evenly within a node under {fw.value}'s rules; the degrees that do here: "
+            f"{', '.join(map(str, can)) or 'none'}")

@@ -1,6 +1,7 @@
 """The island partitions of the replica search and the provably safe bounds that cut them.
 
-* :func:`partition_bound` — the all-reduce plus the continuous min-max of the replicas' floors
+* :func:`partition_bound` — the shard-wise ring (:func:`~solver.planner.replica_plan.allreduce_s`,
+  the least exchange any replicas there can pay) plus the continuous min-max of the replicas' floors
   (:func:`replica_floor`: compute at the fastest kernel rates, and the pipeline fill of a
   replica spanning islands);
 * :func:`share_window` — shares whose replica alone, at its compute floor, is not faster than
@@ -72,7 +73,8 @@ def holds_model(job: JobSpec, group: Sequence[Island]) -> bool:
 
 
 def partition_bound(job: JobSpec, part: Partition, calib: Calibration | None = None) -> float:
-    """No plan on ``part`` beats this: its all-reduce plus the continuous min-max of its
+    """No plan on ``part`` beats this: its shard-wise ring (the least exchange: replicas whose
+    shard layouts differ pay the full-gradient all-reduce, more) plus the continuous min-max of its
     replicas' floors (:func:`replica_floor`, linear in the share), ``B / Σ_r (B / F_r(B))``."""
     batch = job.training.global_batch
     rate = sum(1.0 / replica_floor(job, g, batch, calib) for g in part)

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from typing import Generator, Sequence
 
 from solver.planner.replica_bounds import Partition, share_window
-from solver.planner.replica_plan import allreduce_s
+from solver.planner.replica_plan import Replica, allreduce_s, exchange_s
 from solver.planner.replica_workers import Ask, ReplicaMemo
 from solver.spec.domain import Island
 
-__all__ = ["SearchState", "best_shares", "partition_search", "solve_partition", "exact_pass"]
+__all__ = ["SearchState", "best_shares", "priced_shares", "partition_search", "solve_partition",
+           "exact_pass"]
 
 Asks = list[tuple[tuple[Island, ...], int, float]]  # (islands, share, budget) to plan
 Found = tuple[float, tuple[int, ...]] | None  # a partition's best value (all-reduce in), shares
@@ -78,9 +79,10 @@ def partition_search(reps: ReplicaMemo, part: Partition, unit: int, st: SearchSt
     Each replica's window (:func:`share_window`) is first shrunk from the top
     (:func:`_shrink_tops`): a largest share whose plan is not faster than the incumbent is of
     no use, which raises the smallest share the other replicas may take. Then every share left
-    is planned and the shares are chosen exactly (:func:`best_shares`). The incumbent is read
-    again at every step: searched side by side, an earlier partition may lower it meanwhile
-    (only plans beating it can matter, so a lower one only cuts more)."""
+    is planned and the shares are chosen exactly (:func:`priced_shares`). The windows allow
+    for the partition's shard-wise ring, the least exchange its replicas can pay. The
+    incumbent is read again at every step: searched side by side, an earlier partition may
+    lower it meanwhile (only plans beating it can matter, so a lower one only cuts more)."""
     job, batch = reps.job, reps.job.training.global_batch
     extra = allreduce_s(job, part)
     wholes = [reps.whole_floor(g) for g in part]
@@ -98,8 +100,35 @@ def partition_search(reps: ReplicaMemo, part: Partition, unit: int, st: SearchSt
         yield [(g, b, ask) for g, b in asks[k:k + 4]]
         for g, b in asks[k:k + 4]:
             times[part.index(g)][b] = reps.time(g, b, ask)
+    return priced_shares(reps, part, unit, times, extra)
+
+
+def priced_shares(reps: ReplicaMemo, part: Partition, unit: int,
+                  times: Sequence[dict[int, float]], ring: float) -> Found:
+    """The best shares of ``part`` over the planned ``times``, the exchange priced on the
+    replicas' plans (:func:`~solver.planner.replica_plan.exchange_s`; ``ring``: the
+    partition's shard-wise ring, the least it can be).
+
+    Exact over the table: the min-max shares either have plans of one shard layout (then the
+    ring, the least exchange, makes them the best), or pay the full-gradient all-reduce;
+    then the only shares that can beat them are those whose plans share one shard layout,
+    each layout searched on its own entries at the ring's price."""
+    job, batch = reps.job, reps.job.training.global_batch
     found = best_shares(times, batch, unit)
-    return None if found is None else (found[0] + extra, found[1])
+    if found is None:
+        return None
+    plans = [Replica(g, b, reps.plan(g, b)) for g, b in zip(part, found[1])]
+    best = (found[0] + exchange_s(job, plans), found[1])
+    if len({reps.layout(g, b) for g, b in zip(part, found[1])}) == 1:
+        return best
+    layouts = [{b: reps.layout(g, b) for b, t in table.items() if math.isfinite(t)}
+               for g, table in zip(part, times)]
+    for sig in set.intersection(*(set(x.values()) for x in layouts)):
+        same = best_shares([{b: t for b, t in table.items() if lay.get(b) == sig}
+                            for table, lay in zip(times, layouts)], batch, unit)
+        if same is not None and same[0] + ring < best[0]:
+            best = (same[0] + ring, same[1])
+    return best
 
 
 def _ask(st: SearchState) -> float:

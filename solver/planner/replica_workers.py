@@ -25,6 +25,7 @@ from solver.planner.plan import Plan
 from solver.planner.memo import MemoParallelizer
 from solver.planner.replica_bounds import replica_floor
 from solver.planner.replica_plan import replica_job
+from solver.planner.replica_runtime import shard_layout
 from solver.planner.runs import PlannerConfig, cluster_islands
 from solver.planner.search import plan_job
 from solver.spec.domain import Island, JobSpec
@@ -247,6 +248,11 @@ class ReplicaMemo:
             self._floors[key] = replica_floor(self.job, group, self.job.training.global_batch,
                                               self.calib)
         return self._floors[key]
+
+    def layout(self, group: Sequence[Island], share: int) -> tuple | None:
+        """The shard layout of the replica's plan found by :meth:`time` (None: no plan)."""
+        got = self.plans.get(self._key(group, share))
+        return shard_layout(got) if isinstance(got, Plan) else None
 
     def plan(self, group: tuple[Island, ...], share: int) -> Plan:
         """The plan found by :meth:`time` for shares that won."""

@@ -4,18 +4,28 @@ The search space: a partition of (some of) the islands into ``R`` sets, ``2 ≤ 
 each set running one pipeline replica planned exactly by :func:`~solver.planner.search.plan_job`
 (node-group stages, ``n_micro`` as the job says), with a share ``b_r`` of the global batch that
 is a multiple of the share unit ``u`` (:func:`share_unit`); the objective is
-:mod:`solver.planner.replica_plan`'s. The single-pipeline plan (``R = 1``) is the incumbent, so
-the result is never worse than it.
+:mod:`solver.planner.replica_plan`'s, its exchange across replicas priced on the replicas'
+plans (a shard-wise ring where their shard layouts match, else a full-gradient all-reduce).
+The single-pipeline plan (``R = 1``) is the incumbent, so the result is never worse than it.
+The search is a research option a job asks for (``[planner] replicas = true``,
+:func:`replica_search_runs`): no runtime the planner exports to trains separate pipelines,
+and the plan says which could (:mod:`solver.planner.replica_runtime`).
 
 Exactness. For one partition the best shares are a min-max allocation, solved exactly by a
 dynamic program over replicas (:func:`~solver.planner.replica_pass.best_shares`) on every share
-a better plan could use. Partitions are visited in order of a lower bound and the search stops
-when the bound reaches the incumbent (:mod:`solver.planner.replica_pass`; with workers several
-partitions side by side). Every cut is provably safe (:mod:`solver.planner.replica_bounds`):
-the partition bound (the all-reduce plus the continuous min-max of the replicas' floors), the
-share windows (shares whose replica alone, at its floor, is not faster than the incumbent, or
-that leave the others more than they can do in time, are not planned) and the memory cut (a
-set of islands without the HBM for one copy of the model's states hosts no replica).
+a better plan could use, then priced (:func:`~solver.planner.replica_pass.priced_shares`: the
+min-max shares, or the best shares whose plans share one shard layout at the ring's price).
+Every replica runs its own job's optimal plan (its share on its islands), as before the
+exchange was priced on layouts: a slower plan of a replica chosen only to match another
+replica's shard layout is outside the search space. Partitions are visited in order of a
+lower bound and the search stops when the bound reaches the incumbent
+(:mod:`solver.planner.replica_pass`; with workers several partitions side by side). Every cut
+is provably safe (:mod:`solver.planner.replica_bounds`): the partition bound (the shard-wise
+ring, the least exchange the partition can pay, plus the continuous min-max of the replicas'
+floors), the share windows (shares whose replica alone, at its floor, is not faster than the
+incumbent, or that leave the others more than they can do in time, are not planned) and the
+memory cut (a set of islands without the HBM for one copy of the model's states hosts no
+replica).
 
 The single pipeline, when the caller has not planned it, is planned here, bounded by the
 replicas (:func:`_bounded_single`): a composition that must beat a plan of replicas is mostly
@@ -38,14 +48,15 @@ import math
 import time
 from dataclasses import dataclass, replace
 
-from solver.cost.frameworks import profile
+from solver.cost.frameworks import precision_problem, profile
 from solver.cost.parallelizer import Parallelizer
+from solver.islands import same_vendor
 from solver.planner.plan import Plan, SolverInfo
 from solver.planner.replica_bounds import (Partition, holds_model, partition_bound, partitions,
                                            proportional_shares, ranked_partitions,
                                            rebalanced_shares, replica_floor, share_window)
 from solver.planner.replica_pass import SearchState, best_shares, exact_pass
-from solver.planner.replica_plan import (Replica, ReplicatedPlan, allreduce_s,
+from solver.planner.replica_plan import (Replica, ReplicatedPlan, allreduce_s, exchange_s,
                                          validate_replicated)
 from solver.planner.replica_workers import ReplicaMemo, ReplicaPlanner
 from solver.planner.runs import REL_TIE, resolved
@@ -53,7 +64,8 @@ from solver.planner.search import PlannerConfig, job_islands, plan_job
 from solver.spec.domain import Island, JobSpec, SolverKind
 from solver.spec.errors import InfeasibleError
 
-__all__ = ["ReplicaOptions", "SinglePipeline", "replica_search_runs", "share_unit", "partitions", "partition_bound", "ranked_partitions",
+__all__ = ["ReplicaOptions", "SinglePipeline", "replica_search_runs", "why_no_replica_search",
+           "share_unit", "partitions", "partition_bound", "ranked_partitions",
            "share_window", "best_shares", "holds_model", "replica_floor", "proportional_shares",
            "plan_replicas"]
 
@@ -90,12 +102,26 @@ class ReplicaOptions:
 
 
 def replica_search_runs(job: JobSpec) -> bool:
-    """Whether the replica search runs for ``job``: not with ``[constraints] max_replicas = 1``,
-    nor when the job's budget (``max_usd_per_hour``) or throughput target (``min_tokens_per_s``)
-    chose among island sets (such plans stay single-pipeline)."""
+    """Whether the replica search runs for ``job``: only where the job asks for it
+    (``[planner] replicas = true``: no runtime the planner exports to trains separate
+    pipelines, so the default plan is one pipeline), and not with ``[constraints]
+    max_replicas = 1``, nor when the job's budget (``max_usd_per_hour``) or throughput target
+    (``min_tokens_per_s``) chose among island sets (such plans stay single-pipeline)."""
     p = job.planner
-    return p.max_usd_per_hour is None and p.min_tokens_per_s is None and \
+    return p.replicas and p.max_usd_per_hour is None and p.min_tokens_per_s is None and \
         job.constraints.max_replicas != 1
+
+
+def why_no_replica_search(job: JobSpec) -> str:
+    """Why :func:`replica_search_runs` says no for ``job``, in words (empty when it runs)."""
+    p = job.planner
+    if not p.replicas:
+        return "replica search off ([planner] replicas = false: one pipeline)"
+    if job.constraints.max_replicas == 1:
+        return "replica search off ([constraints] max_replicas = 1)"
+    if p.max_usd_per_hour is not None or p.min_tokens_per_s is not None:
+        return "replica search off (a budget or throughput target chose the islands)"
+    return ""
 
 
 def share_unit(job: JobSpec, steps: int) -> int:
@@ -115,14 +141,15 @@ def _try_proportional(reps: ReplicaMemo, part: Partition, unit: int, st: SearchS
     shares = proportional_shares(reps.job, part, unit, reps.calib)
     if shares is None:
         return
-    extra, batch = allreduce_s(reps.job, part), reps.job.training.global_batch
+    batch = reps.job.training.global_batch
     for _ in range(2):
         ask = st.value - st.least_allreduce
         reps.prefetch([(g, b, ask) for g, b in zip(part, shares)])
         times = [reps.time(g, b, ask) for g, b in zip(part, shares)]
-        st.improve(part, (max(times) + extra, shares))
         if not all(math.isfinite(t) for t in times):
             return  # some replica is not faster than the incumbent: no rates to rebalance by
+        extra = exchange_s(reps.job, [Replica(g, b, reps.plan(g, b)) for g, b in zip(part, shares)])
+        st.improve(part, (max(times) + extra, shares))
         again = rebalanced_shares(times, shares, batch, unit)
         if again == shares:
             return
@@ -205,7 +232,12 @@ def _search(reps: ReplicaMemo,
     the exact pass; and the single pipeline again, bounded by the final incumbent, unless the
     probe's cut already covers it. Returns the single pipeline."""
     job, (st, one, config, par) = reps.job, state
-    every = list(partitions(islands, limit))
+    # The runtimes' rules (solver.cost.frameworks): replicas exchange gradients over one
+    # communicator (one vendor), in the job's one precision.
+    islands = tuple(i for i in islands if not any(
+        precision_problem(n.gpu, job.training.precision) for n in i.nodes))
+    every = [p for p in partitions(islands, limit)
+             if same_vendor([n for isl in p for i in isl for n in i.nodes])]
     st.total = len(every)
     ranked = ranked_partitions(job, every, reps.calib)
     parts = [p for _, p in ranked]
@@ -259,18 +291,14 @@ def _result(job: JobSpec, one: SinglePipeline, reps: ReplicaMemo, st: SearchStat
     info = SolverInfo("replicas", proven, one.time_s + elapsed, one.calls + reps.calls, bound,
                       gap, one.heuristic)
     if st.choice is None:
-        single = one.plan
-        assert single is not None, "the single pipeline was cut by replicas that were kept"
-        used = tuple(i for i in single.islands.islands
-                     if any(s.island.name == i.name for s in single.stages))
-        replicas = (Replica(used or single.islands.islands, job.training.global_batch, single),)
-        extra = 0.0
+        assert one.plan is not None, "the single pipeline was cut by replicas that were kept"
+        rp = replace(ReplicatedPlan.single(one.plan, info, _note(st, total), True, unit,
+                                           (st.settled, total)), islands=islands)
     else:
         part, shares = st.choice
         replicas = tuple(Replica(g, b, reps.plan(g, b)) for g, b in zip(part, shares))
-        extra = allreduce_s(job, part)
-    rp = ReplicatedPlan(job, replicas, extra, info, unit, (st.settled, total), islands,
-                        _note(st, total))
+        rp = ReplicatedPlan(job, replicas, exchange_s(job, replicas), info, unit,
+                            (st.settled, total), islands, _note(st, total))
     validate_replicated(rp, job)
     return rp
 

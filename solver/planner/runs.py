@@ -16,7 +16,9 @@ from functools import cached_property
 from solver.compose.stage_table import GroupResult
 from solver.cost.parallelizer import (AnalyticParallelizer, FeatureSet, Parallelizer, PlanContext,
                                       framework_features)
-from solver.islands import IslandSet, Thresholds, build_islands, whole_cluster
+from solver.cost.frameworks import precision_problem
+from solver.islands import (IslandSet, Thresholds, build_islands, vendor_cluster, vendors,
+                            whole_cluster_views)
 from solver.planner.candidates import CandidateTable, GroupCache
 from solver.planner.pruning import LinkModel, Rule
 from solver.planner.validate import link_model
@@ -24,7 +26,7 @@ from solver.spec.domain import FeaturePreset, JobSpec, SolverKind
 from solver.spec.errors import InputError
 
 __all__ = ["REL_TIE", "VIEW_ISLANDS", "VIEW_WHOLE", "PlannerConfig", "PlanningRun", "Composed",
-           "resolved", "start_run", "job_islands", "views"]
+           "resolved", "start_run", "job_islands", "default_islands", "runnable_views", "views"]
 
 REL_TIE = 1e-12  # relative tolerance under which two iteration times tie (smaller n wins)
 VIEW_ISLANDS, VIEW_WHOLE = "islands", "whole cluster"
@@ -133,7 +135,7 @@ def start_run(job: JobSpec, config: PlannerConfig, n_micro: int | None = None,
         raise ValueError("n_micro must be fixed here; plan_job searches it")
     config = resolved(config, job)
     features = config.features or job.planner.features
-    isl = _allowed_islands(job, islands or cluster_islands(job))
+    isl = _allowed_islands(job, islands or default_islands(job))
     micro = job.training.global_batch // n
     by_name = {i.name: i for i in isl.islands}
     if cache is None:
@@ -147,6 +149,16 @@ def start_run(job: JobSpec, config: PlannerConfig, n_micro: int | None = None,
         cache = replace(cache, islands={**cache.islands, **by_name}, entries=cache.entries,
                         calls=0, mismatches=0)
     return PlanningRun(job, config, isl, cache, link_model(job, micro), n, view)
+
+
+def default_islands(job: JobSpec) -> IslandSet:
+    """The islands of a run started without a view (``tangram verify``, the bench): of the
+    runtime's runnable island sets (:func:`runnable_views`: one vendor, the job's precision),
+    the one of most GEMM throughput (TFLOP/s × the GPUs' large-GEMM efficiency). The planner
+    itself tries every view (:func:`views`)."""
+    parts = [v for v, name in runnable_views(job, cluster_islands(job), whole=False)]
+    return max(parts, key=lambda v: sum(n.gpus * n.tflops * n.gpu.gemm_eff
+                                        for i in v.islands for n in i.nodes))
 
 
 def cluster_islands(job: JobSpec) -> IslandSet:
@@ -169,6 +181,10 @@ def _allowed_islands(job: JobSpec, isl: IslandSet) -> IslandSet:
     known = {i.name for i in isl.islands} | {i.gpu.name for i in isl.islands}
     for key, names in (("islands", c.islands), ("exclude_islands", c.exclude_islands)):
         unknown = sorted(set(names or ()) - known)
+        if unknown:  # ``isl`` may be one vendor's part (:func:`runnable_views`)
+            whole = cluster_islands(job).islands
+            known |= {i.name for i in whole} | {i.gpu.name for i in whole}
+            unknown = sorted(set(names or ()) - known)
         if unknown:
             raise InputError(str(job.path or job.name), f"constraints.{key}",
                              f"no island or GPU type {unknown[0]!r} (islands: "
@@ -183,11 +199,42 @@ def _allowed_islands(job: JobSpec, isl: IslandSet) -> IslandSet:
 def views(job: JobSpec, config: PlannerConfig, n: int, parallelizer: Parallelizer,
           groups: dict | None = None, islands: IslandSet | None = None) -> list[PlanningRun]:
     """The runs of one ``n_micro``: Algorithm 1's islands (``islands``, when built already:
-    :func:`cluster_islands`), then the whole cluster (``groups``: see :func:`start_run`)."""
-    runs = [start_run(job, config, n, parallelizer, islands, groups=groups)]
-    restricted = job.constraints.islands is not None or job.constraints.exclude_islands is not None
-    if config.whole_cluster and len(runs[0].islands.islands) > 1 and not restricted:
+    :func:`cluster_islands`), then the whole cluster (``groups``: see :func:`start_run`); one
+    pair per GPU vendor, of the islands whose GPUs run the job's precision
+    (:func:`runnable_views`)."""
+    runs: list[PlanningRun] = []
+    for isl, view in runnable_views(job, islands or cluster_islands(job), config.whole_cluster):
         # Groups of equal figures share their options across views (the cache is keyed so).
-        runs.append(start_run(job, config, n, parallelizer, whole_cluster(job.cluster),
-                              VIEW_WHOLE, cache=runs[0].cache))
+        runs.append(start_run(job, config, n, parallelizer, isl, view, groups=groups,
+                              cache=runs[0].cache if runs else None))
     return runs
+
+
+def runnable_views(job: JobSpec, isl: IslandSet, whole: bool = True
+                   ) -> list[tuple[IslandSet, str]]:
+    """The island sets a plan of ``job`` may use, each with its view name: per GPU vendor (a
+    job's meshes share one communicator: :func:`~solver.cost.frameworks.vendor_problem`), the
+    islands whose GPUs all run the job's precision
+    (:func:`~solver.cost.frameworks.precision_problem`), then, with ``whole`` and more than
+    one such island, the vendor's runnable nodes as one island. One-line error when no GPU of
+    the cluster runs the precision."""
+    precision = job.training.precision
+    runs_it = (lambda gpu: precision_problem(gpu, precision) is None)
+    restricted = job.constraints.islands is not None or job.constraints.exclude_islands is not None
+    out = []
+    isl = _allowed_islands(job, isl)
+    for vendor in vendors(job.cluster):
+        kept = tuple(i for i in isl.islands if i.nodes[0].gpu.vendor == vendor
+                     and all(runs_it(x.gpu) for x in i.nodes))
+        if not kept:
+            continue
+        out.append((replace(isl, islands=kept), VIEW_ISLANDS))
+        if whole and len(kept) > 1 and not restricted:
+            out += [(w, VIEW_WHOLE) for w in whole_cluster_views(
+                vendor_cluster(job.cluster, vendor), runs_it)]
+    if not out:
+        gpus = sorted({n.gpu.name for n in job.cluster.nodes})
+        raise InputError(str(job.path or job.name), "training.precision",
+                         precision_problem(next(n.gpu for n in job.cluster.nodes),
+                                           precision) or f"no GPU of {gpus} runs it")
+    return out

@@ -23,7 +23,9 @@ One micro-batch on one GPU covers ``n = b s / cp`` tokens. Per layer and pass:
   ring hides behind the attention core; expert parallelism does two all-to-alls per pass, on
   NVLink among the ranks of one node and on the NICs beyond.
 * Backward costs twice the forward's work; full recomputation repeats the forward (and its TP
-  and EP traffic), selective recomputation the attention core and the CP ring.
+  and EP traffic) of every layer, or of the first ``k`` of a sub-stage with the block method
+  (the others run as without recomputation), selective recomputation the attention core and
+  the CP ring.
 
 Per sub-stage and iteration (Rajbhandari et al. 2020 for ZeRO; the Scaling Book for ring
 collectives, ``(q - 1)/q M / W`` per phase plus a step latency): fp32 gradients are all-reduced
@@ -37,12 +39,13 @@ pipeline neighbours exchange the ``1/tp`` share of the activation once per bound
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import NamedTuple
 
 from solver.cost.efficiency import DEFAULT_CALIBRATION, AttentionKernel, Calibration
 from solver.cost.frameworks import FrameworkProfile, job_runtime
 from solver.cost.stage import StageConfig
-from solver.planner.memory_check import layer_counts
+from solver.planner.memory_check import layer_counts, recomputed
 from solver.spec.domain import Framework, Island, ModelSpec, Precision, Recompute
 
 _LOGIT_BYTES = 12.0    # HBM bytes per logit per pass of the fp32 cross entropy
@@ -58,6 +61,7 @@ class _Machine(NamedTuple):
     half: float         # FLOP/B at which a GEMM reaches half the ceiling
     ceiling: float      # largest fraction of ``peak`` a GEMM reaches
     kernel: float       # fixed seconds per GEMM kernel
+    kappa: float        # in-training fraction of the stand-alone GEMM speed
     attention: float | None  # fused-kernel efficiency, None when unfused
     intra: float        # bytes/s inside a node, per direction
     inter: float        # bytes/s over the NIC
@@ -66,6 +70,8 @@ class _Machine(NamedTuple):
     pcie: float
     hbm: float
     per_node: int
+    nvlink: int = 0     # ranks sharing an NVLink domain (0: the node)
+    pcie_peer: float = 0.0  # bytes/s between node peers outside the NVLink domain
 
 
 class _Setup(NamedTuple):
@@ -94,11 +100,25 @@ def _machine(island: Island, precision: Precision, calib: Calibration,
         ceiling=min(x.gpu.gemm_ceiling(precision) for x in nodes),
         kernel=max(calib.gemm_latency_s if x.gpu.gemm_latency_us is None
                    else x.gpu.gemm_latency_us / 1e6 for x in nodes),
+        kappa=min(calib.gemm_in_training if x.gpu.gemm_in_training is None
+                  else x.gpu.gemm_in_training for x in nodes),
         attention=min(x.gpu.attention_eff for x in nodes) if fused else None,
         intra=intra * 1e9 * calib.nvlink_eff, inter=island.nic_gbits * 1e9 / 8 * calib.nic_eff,
         intra_lat=calib.nvlink_latency_s, inter_lat=calib.nic_latency_s,
         pcie=island.pcie_gbs * 1e9 * calib.pcie_eff, hbm=island.hbm_bw_gbs * 1e9 * calib.hbm_eff,
-        per_node=island.gpus_per_node)
+        **_domain(island, intra * 1e9 * calib.nvlink_eff,
+                  island.pcie_gbs * 1e9 * calib.pcie_eff))
+
+
+def _domain(island: Island, intra: float, pcie: float) -> dict:
+    """NVLink domain of the island (GPU catalog ``nvlink_domain``): rack-scale above 8 GPUs
+    (NVL72 spans servers), else at most the server; the server reaches the GPUs outside the
+    domain over PCIe (never faster than NVLink)."""
+    size = min(x.gpu.nvlink_domain for x in island.nodes)
+    nvlink = size if size > 8 else min(size, island.gpus_per_node)
+    per_node = max(nvlink, island.gpus_per_node)
+    peer = intra if nvlink >= island.gpus_per_node else min(pcie, intra)
+    return {"per_node": per_node, "nvlink": nvlink, "pcie_peer": peer}
 
 
 def _ring(nbytes: float, q: float, bw: float, lat: float, phases: float = 1.0) -> float:
@@ -110,8 +130,11 @@ def _ring(nbytes: float, q: float, bw: float, lat: float, phases: float = 1.0) -
 
 
 def _consecutive(g: _Machine, span: float) -> tuple[float, float]:
-    """Link of a group of ``span`` consecutive ranks: NVLink if it fits in a node."""
-    return (g.intra, g.intra_lat) if span <= g.per_node else (g.inter, g.inter_lat)
+    """Link of a group of ``span`` consecutive ranks: NVLink if it fits in the NVLink domain,
+    PCIe if in the node (or rack), else the NIC."""
+    if span <= g.nvlink:
+        return g.intra, g.intra_lat
+    return (g.pcie_peer, g.intra_lat) if span <= g.per_node else (g.inter, g.inter_lat)
 
 
 def _members_per_node(g: _Machine, stride: int, group: int) -> int:
@@ -121,9 +144,11 @@ def _members_per_node(g: _Machine, stride: int, group: int) -> int:
 
 def _strided(g: _Machine, stride: int, group: int) -> tuple[float, float]:
     """Link of ``group`` ranks ``stride`` apart: NVLink in a node, else one ring per rail."""
-    if stride * group <= g.per_node:
+    if stride * group <= g.nvlink:
         return g.intra, g.intra_lat
-    return min(g.intra, _members_per_node(g, stride, group) * g.inter), g.inter_lat
+    if stride * group <= g.per_node:
+        return g.pcie_peer, g.intra_lat
+    return min(g.pcie_peer, _members_per_node(g, stride, group) * g.inter), g.inter_lat
 
 
 def _all_to_all(g: _Machine, nbytes: float, stride: int, group: int) -> float:
@@ -131,9 +156,14 @@ def _all_to_all(g: _Machine, nbytes: float, stride: int, group: int) -> float:
     if group <= 1:
         return 0.0
     k = _members_per_node(g, stride, group)
-    on_nvlink = (k - 1) / group * nbytes / g.intra
+    # Of the k members in reach without the NIC, those of one NVLink domain use NVLink, the
+    # rest of the server PCIe.
+    k_nv = min(max(g.nvlink // max(stride, 1), 1), k)
+    on_nvlink = (k_nv - 1) / group * nbytes / g.intra
+    on_pcie = (k - k_nv) / group * nbytes / g.pcie_peer
     on_nic = (group - k) / group * nbytes / g.inter
-    return max(on_nvlink, on_nic) + (g.inter_lat if group > k else g.intra_lat) * (group - 1)
+    return (max(on_nvlink, on_pcie, on_nic)
+            + (g.inter_lat if group > k else g.intra_lat) * (group - 1))
 
 
 def _gemm(st: _Setup, flops: float, m: float, n: float, k: float) -> float:
@@ -141,7 +171,7 @@ def _gemm(st: _Setup, flops: float, m: float, n: float, k: float) -> float:
     peak, derated to its in-training speed, plus the fixed cost per kernel."""
     m, n, k = max(m, 1.0), max(n, 1.0), max(k, 1.0)
     xi = 1.0 / (1.0 / m + 1.0 / n + 1.0 / k)
-    eff = st.calib.gemm_in_training * st.gpu.ceiling * xi / (xi + st.gpu.half)
+    eff = st.gpu.kappa * st.gpu.ceiling * xi / (xi + st.gpu.half)
     return flops / (st.gpu.peak * eff) + st.gpu.kernel
 
 
@@ -221,11 +251,22 @@ def _weights(m: ModelSpec) -> tuple[float, float]:
     """(dense, routed-expert) weights of one layer, from the shapes."""
     h, d = m.hidden, m.d_head
     mats = 3 if m.gated_mlp else 2
-    dense = 2 * h * m.heads * d + 2 * h * m.kv_heads * d + 2 * h
+    dense = 2 * h * m.heads * d + 2 * h * m.kv_heads * d + _norms_and_biases(m)
     if not m.is_moe:
         return float(dense + mats * h * m.ffn), 0.0
     dense += h * m.experts + m.shared_experts * mats * h * m.expert_ffn
     return float(dense), float(m.experts * mats * h * m.expert_ffn)
+
+
+def _norms_and_biases(m: ModelSpec) -> int:
+    """Norm vectors and linear biases of one layer, recounted from the architecture fields:
+    LayerNorm has a bias per weight; QKV biases; with ``bias`` the output projection and the
+    MLP's (fused gated ``fc1``: 2 f outputs) too."""
+    norms = (2 * m.hidden + (2 * m.d_head if m.qk_norm else 0)) \
+        * (2 if m.normalization == "layernorm" else 1)
+    qkv = (m.heads + 2 * m.kv_heads) * m.d_head if (m.qkv_bias or m.bias) else 0
+    rest = 2 * m.hidden + (2 if m.gated_mlp else 1) * m.ffn if m.bias else 0
+    return norms + qkv + rest
 
 
 def _stored_per_token(st: _Setup, rc: Recompute) -> float:
@@ -251,8 +292,10 @@ def _sync(st: _Setup, c: StageConfig, layers: int, emb: bool, head: bool, fwd_wo
     m, g, prof = st.model, st.gpu, st.profile
     dense_l, expert_l = _weights(m)
     vh = float(m.vocab * m.hidden)
-    head_w = (m.hidden if emb and m.tied_embeddings else vh + m.hidden) if head else 0.0
-    dense = (layers * dense_l + (vh if emb else 0.0) + head_w) / c.tp
+    pos = float(m.max_positions * m.hidden) if m.position_embedding == "learned" else 0.0
+    final_norm = m.hidden * (2.0 if m.normalization == "layernorm" else 1.0)
+    head_w = (final_norm if emb and m.tied_embeddings else vh + final_norm) if head else 0.0
+    dense = (layers * dense_l + (vh + pos if emb else 0.0) + head_w) / c.tp
     expert = layers * expert_l / (c.tp * c.ep)
     q_d = c.dp * c.cp
     q_e = q_d // c.ep
@@ -289,14 +332,24 @@ def _substage(st: _Setup, c: StageConfig, layers: int, emb: bool, head: bool,
               p2p_factor: float) -> tuple[float, float, float]:
     """(fwd + bwd seconds per micro-batch, exposed sync, optimizer step) of one sub-stage."""
     n = c.micro_batch * st.seq / c.cp
-    lw_f, lc_f, lw_b, lc_b = _layer(st, c, n)
+    redone = recomputed(c, layers)
+    if c.recompute is Recompute.FULL and redone < layers:
+        # Block method: ``redone`` layers recompute, the others run as without recomputation;
+        # the per-layer terms below are their mean.
+        plain = replace(c, recompute=Recompute.NONE, recompute_layers=None)
+        lw_f, lc_f, lw_b, lc_b = ((redone * a + (layers - redone) * b) / layers
+                                  for a, b in zip(_layer(st, c, n), _layer(st, plain, n)))
+    else:
+        lw_f, lc_f, lw_b, lc_b = _layer(st, c, n)
     hw_f, hc_f, hw_b, hc_b = _head(st, c, n) if head else (0.0, 0.0, 0.0, 0.0)
     lookup = _ring(2.0 * n * st.model.hidden, c.tp, *_consecutive(st.gpu, c.tp)) if emb else 0.0
     fwd_work, bwd_work = layers * lw_f + hw_f, layers * lw_b + hw_b
     fwd_comm, bwd_comm = layers * lc_f + lookup + hc_f, layers * lc_b + lookup + hc_b
     z_fwd, z_bwd, dp_s, opt_s = _sync(st, c, layers, emb, head, fwd_work, bwd_work)
-    copy = (_stored_per_token(st, c.recompute) * layers * n / c.tp / st.gpu.pcie
-            if c.offload else 0.0)
+    kept = (redone * _stored_per_token(st, Recompute.FULL)
+            + (layers - redone) * _stored_per_token(st, Recompute.NONE)
+            if c.recompute is Recompute.FULL else _stored_per_token(st, c.recompute) * layers)
+    copy = kept * n / c.tp / st.gpu.pcie if c.offload else 0.0
     hidden = 1.0 if st.overlap else 0.0
     off_f, off_b = max(copy - hidden * fwd_work, 0.0), max(copy - hidden * bwd_work, 0.0)
     p2p = 0.0

@@ -14,10 +14,10 @@ import math
 
 from solver.cost.frameworks import job_runtime
 from solver.cost.efficiency import DEFAULT_CALIBRATION
-from solver.cost.frameworks import interleaving_allowed, profile, violations
+from solver.cost.frameworks import interleaving_allowed, precision_problem, profile, violations
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, stage_costs
-from solver.islands import Thresholds, build_islands, whole_cluster
+from solver.islands import Thresholds, build_islands, whole_cluster, whole_cluster_views
 from solver.planner.memory_check import plan_memory_gb
 from solver.planner.plan import Plan
 from solver.planner.time_check import plan_stage_seconds
@@ -50,10 +50,7 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
     n = plan.n_micro
     # Sub-stages behind each stage: its last sub-stage holds one more than that (1F1B).
     behind = [sum(t.plan.config.pp for t in plan.stages[i + 1:]) for i in range(len(plan.stages))]
-    pipelined = len(plan.stages) > 1 or any(s.plan.config.pp > 1 for s in plan.stages)
-    out += violations([s.plan.config for s in plan.stages], profile(job.planner.framework),
-                      pipelined)
-    out += _interleaving(plan, job) + _constraints(plan, job)
+    out += runtime_problems(plan, job) + _constraints(plan, job)
     independent = plan_memory_gb(plan, DEFAULT_CALIBRATION.moe_capacity_factor,
                                  [_flash(s, job) for s in plan.stages])
     seconds = plan_stage_seconds(plan)
@@ -91,6 +88,19 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
     return out
 
 
+def runtime_problems(plan: Plan, job: JobSpec) -> list[str]:
+    """What of ``plan`` the job's runtime cannot run, one line each ([] if nothing): its
+    profile's rules (:func:`~solver.cost.frameworks.violations`: layouts, ZeRO, recomputation,
+    TP over the KV heads, CP, the expert grid, one precision, one vendor, a tied embedding) and
+    Megatron's interleaving rules. The validator and the exporters (``--emit``) both call it."""
+    pipelined = len(plan.stages) > 1 or any(s.plan.config.pp > 1 for s in plan.stages)
+    out = violations([s.plan.config for s in plan.stages], profile(job.planner.framework),
+                     pipelined, model=job.model, precision=job.training.precision,
+                     stage_gpus=[{x.gpu for x in (s.nodes or s.island.nodes)}
+                                 for s in plan.stages])
+    return out + _interleaving(plan, job)
+
+
 def _pipeline_seconds(taus: list[float], links: list[float], n: int, overlap: bool,
                       v: int) -> float:
     """``T_pipe`` recomputed here, apart from :mod:`solver.planner.plan`: the bottleneck
@@ -120,8 +130,10 @@ def _structure(plan: Plan, job: JobSpec, given: tuple[Island, ...] | None) -> li
     if not plan.stages:
         return ["plan has no stages"]
     if given is None:  # Algorithm 1's islands, or the whole cluster as one (PlannerConfig)
+        runs_it = (lambda gpu: precision_problem(gpu, job.training.precision) is None)
         views = [build_islands(job.cluster, Thresholds.of(job.planner)).islands,
-                 whole_cluster(job.cluster).islands]
+                 whole_cluster(job.cluster).islands] + \
+            [v.islands for v in whole_cluster_views(job.cluster, runs_it)]
         names = {s.island.name for s in plan.stages}
         given = next((v for v in views if names <= {i.name for i in v}), views[0])
     islands = {i.name: i for i in given}
@@ -161,9 +173,6 @@ def _config(s, job: JobSpec, n: int) -> list[str]:
         out.append(f"{name}: dp {c.dp} × {c.micro_batch} sequences != micro-batch of {micro}")
     if job.training.global_batch % n:
         out.append(f"n_micro {n} does not divide the global batch {job.training.global_batch}")
-    m = job.model
-    if c.ep > 1 and (not m.is_moe or m.experts % c.ep or (c.dp * c.cp) % c.ep):
-        out.append(f"{name}: ep {c.ep} must divide the experts and dp·cp")
     if job.training.seq_len % c.cp:
         out.append(f"{name}: cp {c.cp} does not divide the sequence")
     return out

@@ -84,6 +84,9 @@ class PlannerOptions:
     pruning : Pruning
         The pruning rules (default the paper's, two of them heuristic; ``safe`` for a plan
         optimal over every plan).
+    replicas : bool
+        Also search plans of several pipeline replicas across islands (a research option:
+        the plan says which runtime could train it; default off, one pipeline).
     """
 
     features: FeaturePreset = FeaturePreset.FULL
@@ -100,6 +103,7 @@ class PlannerOptions:
     min_tokens_per_s: float | None = None
     framework: "Framework" = None  # type: ignore[assignment]
     pruning: Pruning = Pruning.PAPER
+    replicas: bool = False
 
     def __post_init__(self) -> None:
         if self.framework is None:

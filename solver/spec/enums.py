@@ -25,13 +25,35 @@ class Precision(enum.Enum):
     """Training precision of the GEMMs (``[training] precision``).
 
     ``fp8``: Transformer Engine FP8 GEMMs on GPUs that have FP8, BF16 elsewhere (FP16 on GPUs
-    without BF16); ``bf16``: BF16 everywhere it exists (FP16 with loss scaling on V100);
-    ``fp16``: FP16 everywhere.
+    without BF16), with per-tensor scaling (exported as Megatron's ``--fp8-recipe delayed``);
+    ``fp8-cs``: the same GEMMs with per-tensor *current* scaling (``--fp8-recipe tensorwise``);
+    ``fp8-mx``: MXFP8 block scaling, one scale per 32 elements (``--fp8-recipe mxfp8``), which
+    Transformer Engine runs on Blackwell only (BF16 elsewhere). ``fp8`` is priced exactly as
+    ``fp8-cs`` (both per-tensor); it stays its own name so that today's jobs keep printing and
+    exporting what they did. ``bf16``: BF16 everywhere it exists (FP16 with loss scaling on
+    V100); ``fp16``: FP16 everywhere. Recipe names: Megatron-Core ``megatron/core/enums.py``,
+    ``Fp8Recipe``.
     """
 
     BF16 = "bf16"
     FP16 = "fp16"
     FP8 = "fp8"
+    FP8_CS = "fp8-cs"
+    FP8_MX = "fp8-mx"
+
+    @property
+    def is_fp8(self) -> bool:
+        """An FP8 recipe (per-tensor or MXFP8)."""
+        return self in (Precision.FP8, Precision.FP8_CS, Precision.FP8_MX)
+
+    @property
+    def fp8_recipe(self) -> str | None:
+        """Megatron-Core's ``--fp8-recipe`` for this precision (None: not FP8)."""
+        if self is Precision.FP8_CS:
+            return "tensorwise"
+        if self is Precision.FP8_MX:
+            return "mxfp8"
+        return "delayed" if self is Precision.FP8 else None
 
 
 class Framework(enum.Enum):

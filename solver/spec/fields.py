@@ -7,6 +7,7 @@ what is allowed. ``done()`` rejects unknown keys, so a typo never passes silentl
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -18,6 +19,10 @@ from typing import Any, Callable
 
 from solver.spec.errors import InputError
 
+#: How alike (difflib ratio) an unknown key must be to an allowed one for the message to suggest
+#: it: ``global_bacth`` / ``global_batch`` 0.92, ``clustr`` / ``cluster`` 0.92, ``hidden`` /
+#: ``heads`` 0.55 (too far to guess; the message lists the allowed keys instead).
+TYPO_CUTOFF = 0.8
 _TYPE_NAMES = MappingProxyType({int: "an integer", float: "a number", str: "a string", bool: "true or false",
                dict: "a table", list: "a list"})
 
@@ -51,7 +56,6 @@ def write_atomic(path: Path | str, text: str) -> None:
 
 def closest(name: str, names) -> str:
     """`` (did you mean 'x'?)`` for the closest of ``names`` to ``name``, or ''."""
-    import difflib
     found = difflib.get_close_matches(name, list(names), n=1, cutoff=0.5)
     return f" (did you mean {found[0]!r}?)" if found else ""
 
@@ -132,7 +136,7 @@ class Fields:
         self._used.add(name)
         if name not in self.data:
             if default is ...:
-                raise self.error(name, "missing required key")
+                raise self._missing(name)
             return default
         value = self.data[name]
         if not _type_ok(value, kind):
@@ -144,6 +148,14 @@ class Fields:
             allowed = ", ".join(repr(c) for c in choices)
             raise self.error(name, f"{value!r} is not one of {allowed}")
         return value
+
+    def _missing(self, name: str) -> InputError:
+        """A required key is absent: name the unknown key that looks like its typo, if any (the
+        typo is what the user wrote, so it is what the message names)."""
+        typo = next((k for k in self.data if k not in self._used and is_typo(k, name)), None)
+        if typo is not None:
+            return self.error(typo, f"unknown key {typo} (did you mean {name}?)")
+        return self.error(name, "missing required key")
 
     def _check_range(self, name: str, value: float, lo: float | None, hi: float | None,
                      lo_open: bool) -> None:
@@ -173,19 +185,53 @@ class Fields:
         """Reject unknown keys before reading any (a typo is reported before what it hides)."""
         unknown = sorted(set(self.data) - set(names))
         if unknown:
-            raise self.error(unknown[0], f"unknown key (allowed: {', '.join(sorted(names))})")
+            raise self.error(unknown[0], _unknown(unknown[0], names))
 
     def done(self) -> None:
         """Reject keys that were never read: they are typos or unsupported options."""
         unknown = sorted(set(self.data) - self._used)
         if unknown:
-            known = ", ".join(sorted(self._used)) or "none"
-            raise self.error(unknown[0], f"unknown key (allowed: {known})")
+            raise self.error(unknown[0], _unknown(unknown[0], self._used))
 
     def check(self, name: str, ok: bool, reason: str) -> None:
         """Raise an InputError on ``name`` with ``reason`` unless ``ok``."""
         if not ok:
             raise self.error(name, reason)
+
+
+def is_typo(written: str, meant: str) -> bool:
+    """``written`` is ``meant`` with one slip: a letter added, dropped or changed, or two
+    neighbours swapped (``global_bacth``), ``meant`` at least 4 letters long. Stricter than the
+    similarity of :func:`_unknown`, because here ``written`` may be a real key read later
+    (``fp16_tflops`` beside a missing ``bf16_tflops`` is two slips away: not a typo)."""
+    if len(meant) < 4 or written == meant or abs(len(written) - len(meant)) > 1:
+        return False
+    return _slips(written, meant) <= 1
+
+
+def _slips(a: str, b: str) -> int:
+    """Optimal-string-alignment distance: insertions, deletions, substitutions and swaps of
+    adjacent letters."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = a[i - 1] != b[j - 1]
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], prev2[j - 2] + 1)
+        prev2, prev = prev, row
+    return prev[-1]
+
+
+def _unknown(key: str, allowed) -> str:
+    """``unknown key global_bacth (did you mean global_batch?)``, or the allowed keys when none
+    is close."""
+    close = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=TYPO_CUTOFF)
+    if close:
+        return f"unknown key {key} (did you mean {close[0]}?)"
+    return f"unknown key (allowed: {', '.join(sorted(allowed)) or 'none'})"
 
 
 def _kind(value: Any) -> str:

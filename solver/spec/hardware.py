@@ -8,7 +8,7 @@ them with the job types.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from solver.spec.enums import Precision
@@ -54,6 +54,10 @@ class GPUSpec:
     gemm_half_balance : float | None
         Arithmetic intensity, in machine balances, at which the GPU's GEMMs reach half the
         ceiling, fitted on its measured GEMMs (None: the calibration's default).
+    gemm_in_training : float | None
+        Fraction of its stand-alone GEMM speed the GPU keeps inside a training step, fitted per
+        GPU generation on the development set (``scripts/fit_in_training.py``; None: the
+        calibration's ``gemm_in_training``, fitted on SC'21 Table 1, A100).
     gemm_latency_us : float | None
         Fixed microseconds per GEMM kernel, fitted on its measured GEMMs (None: the
         calibration's default).
@@ -63,6 +67,24 @@ class GPUSpec:
         Fraction of 16-bit peak of the fused attention kernel on the FLOPs it executes.
     kernel_source : str
         Where the kernel figures come from.
+    vendor : str
+        Who makes it (``"nvidia"``, ``"amd"``, ...): GPUs of two vendors cannot share a
+        communicator (NCCL beside RCCL), so a job's meshes are all of one vendor
+        (:func:`solver.cost.runtime_rules.vendor_problem`).
+    mxfp8 : bool
+        Runs MXFP8 block-scaled GEMMs (Blackwell and newer: Transformer Engine's MXFP8 support
+        check needs compute capability 10.0); ``fp8-mx`` runs 16-bit elsewhere.
+    nvlink_domain : int
+        GPUs sharing one NVLink (NVSwitch) domain: 8 on an HGX/DGX board, 2 for NVLink-bridged
+        PCIe cards (H100 NVL pairs), 72 in a GB200/GB300 NVL72 rack, 1 without NVLink. TP, CP
+        and EP groups get NVLink only inside it (:class:`~solver.cost.efficiency.Links`).
+    defaults : tuple[str, ...]
+        The optional fields its catalog entry omitted, which took their documented defaults
+        (:data:`solver.spec.catalog.DEFAULTS`; ``tangram islands`` names them). Bookkeeping:
+        not compared, not hashed.
+    catalog_file : str
+        The catalog file its entry was read from last (the shipped one or a user's).
+        Bookkeeping: not compared, not hashed.
     """
 
     name: str
@@ -82,13 +104,24 @@ class GPUSpec:
     fp8_gemm_eff: float = 0.70
     gemm_half_balance: float | None = None
     gemm_latency_us: float | None = None
+    gemm_in_training: float | None = None
     attention: str = "fa2"
     attention_eff: float = 0.50
     kernel_source: str = ""
+    vendor: str = "nvidia"
+    nvlink_domain: int = 8
+    mxfp8: bool = False
+    defaults: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    catalog_file: str = field(default="", compare=False, repr=False)
+
+    def runs_fp8(self, precision: "Precision") -> bool:
+        """The GPU runs ``precision``'s FP8 GEMMs (it has FP8, and MXFP8 where asked)."""
+        return (precision.is_fp8 and bool(self.fp8_tflops)
+                and (precision is not Precision.FP8_MX or self.mxfp8))
 
     def peak_tflops(self, precision: "Precision") -> float:
         """Dense GEMM throughput at ``precision`` (FP8 falls back to 16-bit without FP8)."""
-        if precision is Precision.FP8 and self.fp8_tflops:
+        if self.runs_fp8(precision):
             return self.fp8_tflops
         if precision is Precision.FP16 or not self.bf16:
             return self.fp16_tflops or self.bf16_tflops
@@ -96,11 +129,11 @@ class GPUSpec:
 
     def gemm_ceiling(self, precision: "Precision") -> float:
         """Max-achievable fraction of :meth:`peak_tflops` for a large GEMM."""
-        return self.fp8_gemm_eff if precision is Precision.FP8 and self.fp8_tflops else self.gemm_eff
+        return self.fp8_gemm_eff if self.runs_fp8(precision) else self.gemm_eff
 
     def runs_in(self, precision: "Precision") -> str:
         """The GEMM precision this GPU actually uses when the job asks for ``precision``."""
-        if precision is Precision.FP8 and self.fp8_tflops:
+        if self.runs_fp8(precision):
             return "fp8"
         if precision is Precision.FP16 or not self.bf16:
             return "fp16"
@@ -273,6 +306,12 @@ class Island:
         return min(n.gpu.nvlink_gbs or n.gpu.pcie_gbs for n in self.nodes)
 
     @cached_property
+    def nvlink_domain(self) -> int:
+        """GPUs sharing one NVLink domain: the smallest over members (a group is priced on
+        NVLink only where every member's domain holds it)."""
+        return min(n.gpu.nvlink_domain for n in self.nodes)
+
+    @cached_property
     def pcie_gbs(self) -> float:
         """Effective host-link bandwidth per GPU."""
         return min(n.gpu.pcie_gbs for n in self.nodes)
@@ -293,7 +332,8 @@ class Island:
         gpu = replace(self.gpu, bf16_tflops=self.tflops_per_gpu, hbm_gb=self.hbm_gb,
                       hbm_bw_gbs=self.hbm_bw_gbs,
                       nvlink_gbs=min(n.gpu.nvlink_gbs for n in self.nodes),
-                      pcie_gbs=self.pcie_gbs, nic_gbits=self.nic_gbits)
+                      pcie_gbs=self.pcie_gbs, nic_gbits=self.nic_gbits,
+                      nvlink_domain=self.nvlink_domain)
         return Node(f"{self.name}-weakest", gpu, self.gpus_per_node, self.nic_gbits, 1.0)
 
     @cached_property
@@ -313,4 +353,5 @@ class Island:
     def signature(self) -> tuple:
         """What a partial plan on this island depends on (cache key part)."""
         return (self.gpu.name, self.gpus, self.gpus_per_node, self.tflops_per_gpu,
-                self.hbm_gb, self.hbm_bw_gbs, self.nvlink_gbs, self.nic_gbits)
+                self.hbm_gb, self.hbm_bw_gbs, self.nvlink_gbs, self.nic_gbits,
+                self.nvlink_domain)

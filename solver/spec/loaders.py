@@ -7,7 +7,9 @@ HuggingFace ``config.json``), clusters ``instances/clusters/<name>.toml`` and jo
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +30,12 @@ from solver.spec.domain import (
     SolverKind,
     TrainingSpec,
 )
+from solver.spec.catalog import (DEFAULTS, CatalogEntry, file_entries, gpus_entries,
+                                  known_fields, omitted)
 from solver.spec.errors import InputError
 from solver.spec.fields import Fields, closest, read_json, read_toml
 from solver.spec.hfconfig import model_from_hf_config
-from solver.spec.model import check_model
+from solver.spec.model import ACTIVATIONS, NORMALIZATIONS, POSITION_EMBEDDINGS, check_model
 
 INSTANCES = Path(__file__).resolve().parents[2] / "instances"
 CATALOG_PATH = INSTANCES / "gpus.toml"
@@ -41,22 +45,40 @@ MAX_LAYERS = 4096
 #: layout) and Megatron-Core (one mesh: one layout, Megatron's layer split; what Megatron-LM's
 #: arguments express). The others are priced by `tangram estimate` only.
 PLANNED_FRAMEWORKS = (Framework.FLAGSCALE, Framework.MEGATRON_CORE)
+#: A folder name of the HuggingFace hub cache (``snapshots/<commit>``): not a model's name.
+_SNAPSHOT = re.compile(r"[0-9a-f]{40}")
 
 
 def load_catalog(path: Path | str | None = None) -> dict[str, GPUSpec]:
-    """Read the GPU catalog; every table is one GPU type.
+    """The GPU catalog by name.
 
-    Without ``path``, the file named by the environment variable ``TANGRAM_CATALOG`` is read if
-    set (a site's own catalog), else ``instances/gpus.toml``.
+    With ``path``: that file alone, a whole catalog. Without: the shipped catalog
+    (``instances/gpus.toml``) extended by the user catalog the environment variable
+    ``TANGRAM_CATALOG`` names, if set: each of its entries adds a GPU or changes the fields it
+    gives of the GPU of that name (:func:`extend_catalog`; formats: :mod:`solver.spec.catalog`).
     """
-    path = Path(path or os.environ.get("TANGRAM_CATALOG") or CATALOG_PATH)
-    data = read_toml(path)
-    if not data:
-        raise InputError(str(path), "<file>", "catalog defines no GPU")
-    return {name: _gpu(Fields(table, str(path), name), name) for name, table in data.items()}
+    if path is not None:
+        return extend_catalog({}, file_entries(read_toml(path), str(path)))
+    catalog = extend_catalog({}, file_entries(read_toml(CATALOG_PATH), str(CATALOG_PATH)),
+                             shipped=True)
+    user = os.environ.get("TANGRAM_CATALOG")
+    return extend_catalog(catalog, file_entries(read_toml(user), user)) if user else catalog
 
 
-def _gpu(f: Fields, name: str) -> GPUSpec:
+def extend_catalog(catalog: dict[str, GPUSpec], entries: list[CatalogEntry],
+                   shipped: bool = False) -> dict[str, GPUSpec]:
+    """``catalog`` with ``entries`` laid over it: a new name adds a GPU (every required figure
+    given; ``source`` required only of the shipped catalog), a known name keeps the fields the
+    entry does not give. Omitted optional fields take :data:`~solver.spec.catalog.DEFAULTS`."""
+    out = dict(catalog)
+    for e in entries:
+        base = known_fields(out[e.name]) if e.name in out else {}
+        out[e.name] = _gpu(Fields({**base, **e.table}, e.file, e.key), e.name, shipped)
+    return out
+
+
+def _gpu(f: Fields, name: str, shipped: bool = False) -> GPUSpec:
+    d = DEFAULTS
     spec = GPUSpec(
         name=name,
         bf16_tflops=f.get("bf16_tflops", float, lo=0, lo_open=True, hi=1e5),
@@ -66,18 +88,26 @@ def _gpu(f: Fields, name: str) -> GPUSpec:
         nic_gbits=f.get("nic_gbits", float, lo=0, lo_open=True, hi=1e6),
         tdp_w=f.get("tdp_w", float, lo=0, lo_open=True, hi=1e5),
         usd_per_hour=f.get("usd_per_hour", float, None, lo=0, hi=1e4),
-        pcie_gbs=f.get("pcie_gbs", float, 32.0, lo=0, lo_open=True, hi=1e4),
-        source=f.get("source", str),
+        pcie_gbs=f.get("pcie_gbs", float, d["pcie_gbs"], lo=0, lo_open=True, hi=1e4),
+        source=f.get("source", str, ... if shipped else ""),
         fp16_tflops=f.get("fp16_tflops", float, None, lo=0, lo_open=True, hi=1e5),
         fp8_tflops=f.get("fp8_tflops", float, None, lo=0, lo_open=True, hi=1e6),
-        bf16=f.get("bf16", bool, True),
-        gemm_eff=f.get("gemm_eff", float, 0.80, lo=0, lo_open=True, hi=1.0),
-        fp8_gemm_eff=f.get("fp8_gemm_eff", float, 0.70, lo=0, lo_open=True, hi=1.0),
+        bf16=f.get("bf16", bool, d["bf16"]),
+        gemm_eff=f.get("gemm_eff", float, d["gemm_eff"], lo=0, lo_open=True, hi=1.0),
+        fp8_gemm_eff=f.get("fp8_gemm_eff", float, d["fp8_gemm_eff"], lo=0, lo_open=True, hi=1.0),
         gemm_half_balance=f.get("gemm_half_balance", float, None, lo=0, hi=100.0),
         gemm_latency_us=f.get("gemm_latency_us", float, None, lo=0, hi=1e4),
-        attention=f.get("attention", str, "fa2", choices=("fa3", "fa2", "unfused")),
-        attention_eff=f.get("attention_eff", float, 0.50, lo=0, lo_open=True, hi=1.0),
+        gemm_in_training=f.get("gemm_in_training", float, None, lo=0, lo_open=True, hi=1.0),
+        mxfp8=f.get("mxfp8", bool, False),
+        attention=f.get("attention", str, d["attention"], choices=("fa3", "fa2", "unfused")),
+        attention_eff=f.get("attention_eff", float, d["attention_eff"], lo=0, lo_open=True,
+                            hi=1.0),
         kernel_source=f.get("kernel_source", str, ""),
+        vendor=f.get("vendor", str, d["vendor"]),
+        # Absent: an HGX-style board of 8 where the GPU has NVLink, else none.
+        nvlink_domain=f.get("nvlink_domain", int, 8 if f.data.get("nvlink_gbs") else 1,
+                            lo=1, hi=4096),
+        defaults=omitted(f.data), catalog_file=f.file,
     )
     f.done()
     return spec
@@ -96,19 +126,49 @@ def load_model_ref(value: Any, file: str, key: str, base: Path) -> ModelSpec:
     if not isinstance(value, str) or not value:
         raise InputError(file, key, "must be a model name, a file path or an inline table")
     path = _resolve(value, base, "models", (".toml", ".json"))
+    if path is None and _looks_like_path(value):
+        raise InputError(file, key, f"no such file: {base / value} (a model is a catalog name, "
+                                    "a model TOML or a HuggingFace config.json, relative to the "
+                                    "job's folder, or an inline table)")
     if path is None:
         stems = sorted(p.stem for p in (INSTANCES / "models").glob("*.toml"))
         raise InputError(file, key, f"unknown model {value!r}{closest(value, stems)} "
                                     f"(catalog: {', '.join(stems)}; or a file path)")
-    return load_model(path)
+    return load_model(path, base)
 
 
-def load_model(path: Path | str) -> ModelSpec:
-    """Read a model file: our TOML format, or a HuggingFace config.json."""
+def _looks_like_path(value: str) -> bool:
+    """A file name (``.json`` / ``.toml``) or a path, rather than a catalog name."""
+    return value.endswith((".json", ".toml")) or "/" in value or os.sep in value
+
+
+def load_model(path: Path | str, job_dir: Path | None = None) -> ModelSpec:
+    """Read a model file: our TOML format, or a HuggingFace config.json (named by
+    :func:`hf_model_name`; ``job_dir``: the folder of the job that names the file)."""
     path = Path(path)
     if path.suffix == ".json":
-        return model_from_hf_config(read_json(path), str(path), path.parent.name or path.stem)
+        data = read_json(path)
+        spec = model_from_hf_config(data, str(path), path.stem)
+        return dataclasses.replace(spec, name=hf_model_name(data, path, job_dir, spec))
     return _model(Fields(read_toml(path), str(path)), path.stem)
+
+
+def hf_model_name(data: Any, path: Path, job_dir: Path | None, spec: ModelSpec) -> str:
+    """The name of a model read from a HuggingFace config.json: its ``_name_or_path`` (the hub
+    id's last part), else the file's stem unless that is ``config``, else the folder holding it
+    when that folder is the model's own (not the job's folder, not a hub-cache snapshot hash),
+    else the architecture and size (``llama-8.0b``)."""
+    hub = data.get("_name_or_path")  # a dict with a known architecture: model_from_hf_config
+    if isinstance(hub, str) and hub.strip("/ "):
+        return hub.strip("/ ").rsplit("/", 1)[-1]
+    if path.stem != "config":
+        return path.stem
+    folder = path.resolve().parent
+    own = job_dir is None or folder != Path(job_dir).resolve()
+    if own and folder.name and not _SNAPSHOT.fullmatch(folder.name):
+        return folder.name
+    kind = data.get("model_type") or data["architectures"][0].removesuffix("ForCausalLM")
+    return f"{str(kind).lower()}-{spec.total_params / 1e9:.1f}b"
 
 
 def _model(f: Fields, default_name: str) -> ModelSpec:
@@ -120,18 +180,44 @@ def _model(f: Fields, default_name: str) -> ModelSpec:
         heads=f.get("heads", int, lo=1, hi=10**5),
         kv_heads=f.get("kv_heads", int, lo=1, hi=10**5),
         vocab=f.get("vocab", int, lo=1, hi=10**8),
-        gated_mlp=f.get("gated_mlp", bool, True),
         tied_embeddings=f.get("tied_embeddings", bool, False),
         experts=f.get("experts", int, 0, lo=0, hi=10**5),
         top_k=f.get("top_k", int, 0, lo=0, hi=10**5),
         expert_ffn=f.get("expert_ffn", int, 0, lo=0, hi=10**7),
         shared_experts=f.get("shared_experts", int, 0, lo=0, hi=10**4),
         head_dim=f.get("head_dim", int, 0, lo=0, hi=10**5),
+        **_architecture(f),
     )
     f.get("source", str, "")
     f.done()
     check_model(spec, f)
     return spec
+
+
+def _architecture(f: Fields) -> dict[str, Any]:
+    """The architecture keys of a model table (defaults: a Llama-style model). ``activation``
+    and the older ``gated_mlp`` name one choice and must agree where both are given; ``bias``
+    includes the QKV bias, so ``qkv_bias = false`` beside it is a contradiction."""
+    gated = f.get("gated_mlp", bool, None)
+    activation = f.get("activation", str, "", choices=("", *ACTIVATIONS))
+    if gated is not None and activation:
+        f.check("activation", (activation == "swiglu") == gated,
+                f"activation {activation!r} contradicts gated_mlp = {str(gated).lower()} "
+                "(swiglu is the gated MLP; gelu the classic one)")
+    bias = f.get("bias", bool, False)
+    qkv_bias = f.get("qkv_bias", bool, None)
+    f.check("qkv_bias", qkv_bias is not False or not bias,
+            "bias = true puts a bias on every linear layer, QKV included: qkv_bias cannot be "
+            "false (Megatron-LM's validate_args sets add_qkv_bias with add_bias_linear)")
+    return dict(
+        gated_mlp=gated if gated is not None else activation != "gelu",
+        normalization=f.get("normalization", str, "rmsnorm", choices=NORMALIZATIONS),
+        norm_epsilon=f.get("norm_epsilon", float, 1e-5, lo=0, lo_open=True, hi=1.0),
+        position_embedding=f.get("position_embedding", str, "rope", choices=POSITION_EMBEDDINGS),
+        rotary_base=f.get("rotary_base", float, 10000.0, lo=0, lo_open=True, hi=1e12),
+        bias=bias, qkv_bias=bool(qkv_bias or bias),
+        max_positions=f.get("max_positions", int, 0, lo=0, hi=10**8),
+        qk_norm=f.get("qk_norm", bool, False))
 
 
 def load_cluster_ref(value: Any, file: str, key: str, base: Path,
@@ -157,6 +243,7 @@ def load_cluster(path: Path | str, catalog: dict[str, GPUSpec] | None = None) ->
 
 
 def _cluster(f: Fields, catalog: dict[str, GPUSpec], default_name: str) -> ClusterSpec:
+    catalog = _own_gpus(f, catalog)
     name = f.get("name", str, default_name)
     inter = f.get("inter_island_gbits", float, None, lo=0, lo_open=True, hi=1e6)
     f.get("description", str, "")
@@ -169,6 +256,13 @@ def _cluster(f: Fields, catalog: dict[str, GPUSpec], default_name: str) -> Clust
     total = sum(g.count * g.gpus_per_node for g in groups)
     f.check("nodes", total <= MAX_GPUS, f"{total} GPUs exceed the supported {MAX_GPUS}")
     return ClusterSpec(name, groups, inter)
+
+
+def _own_gpus(f: Fields, catalog: dict[str, GPUSpec]) -> dict[str, GPUSpec]:
+    """``catalog`` extended by the ``[[gpus]]`` entries of this job or cluster table, if any."""
+    raw = f.get("gpus", list, None)
+    return catalog if raw is None else extend_catalog(
+        catalog, gpus_entries(raw, f.file, f.key("gpus")))
 
 
 def _group(f: Fields, catalog: dict[str, GPUSpec]) -> NodeGroup:
@@ -203,8 +297,10 @@ def load_job(path: Path | str, catalog: dict[str, GPUSpec] | None = None) -> Job
     path = Path(path)
     catalog = catalog if catalog is not None else load_catalog()
     f = Fields(read_toml(path), str(path))
-    f.only("name", "description", "model", "cluster", "training", "planner", "constraints")
+    f.only("name", "description", "model", "cluster", "training", "planner", "constraints",
+           "gpus")
     f.get("description", str, "")
+    catalog = _own_gpus(f, catalog)
     model = load_model_ref(f.get("model", object), str(path), "model", path.parent)
     cluster = load_cluster_ref(f.get("cluster", object), str(path), "cluster", path.parent, catalog)
     training = _training(f.sub("training", required=True))
@@ -300,6 +396,7 @@ def _planner(f: Fields) -> PlannerOptions:
         min_tokens_per_s=f.get("min_tokens_per_s", float, None, lo=0, lo_open=True, hi=1e15),
         framework=f.get_enum("framework", Framework, d.framework),
         pruning=f.get_enum("pruning", Pruning, d.pruning),
+        replicas=f.get("replicas", bool, d.replicas),
     )
     f.check("framework", opts.framework in PLANNED_FRAMEWORKS,
             f"the planner makes plans for {', '.join(x.value for x in PLANNED_FRAMEWORKS)} only "

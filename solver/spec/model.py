@@ -1,6 +1,9 @@
-"""The model domain type: a decoder-only Transformer's shape and its parameter counts.
+"""The model domain type: a decoder-only Transformer's shape, architecture and parameter counts.
 
-Re-exported by ``solver.spec.domain`` with the other domain types.
+Re-exported by ``solver.spec.domain`` with the other domain types. The architecture fields
+(normalization, position embedding, biases, activation) are what a runtime needs to build the
+model (the exports write them); they change the parameter counts only through biases, LayerNorm's
+bias vectors and a learned position table.
 """
 
 from __future__ import annotations
@@ -8,6 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solver.spec.fields import Fields
+
+#: Normalizations, position embeddings and MLP activations a model may state.
+NORMALIZATIONS = ("rmsnorm", "layernorm")
+POSITION_EMBEDDINGS = ("rope", "learned")
+ACTIVATIONS = ("swiglu", "gelu")
 
 
 @dataclass(frozen=True)
@@ -21,13 +29,32 @@ class ModelSpec:
     layers, hidden, ffn, heads, kv_heads, vocab : int
         Shape; ``ffn`` is the dense MLP width (unused by MoE layers except shared experts).
     gated_mlp : bool
-        SwiGLU MLP with three matrices (else the classic two).
+        SwiGLU MLP with three matrices (else the classic two with GELU); :attr:`activation`
+        names it, and a model file may say either.
     tied_embeddings : bool
         LM head shares the embedding matrix.
     experts, top_k, expert_ffn, shared_experts : int
         MoE shape; ``experts == 0`` means dense. Shared experts have width ``expert_ffn`` each.
     head_dim : int
         Attention head width (``hidden // heads`` unless the config says otherwise, e.g. Qwen3).
+    normalization : str
+        ``"rmsnorm"`` (weight only) or ``"layernorm"`` (weight and bias).
+    norm_epsilon : float
+        Epsilon of every normalization layer.
+    position_embedding : str
+        ``"rope"`` (rotary, no weights) or ``"learned"`` (an absolute position table of
+        ``max_positions`` rows, held with the input embedding).
+    rotary_base : float
+        RoPE base (``rope_theta``); unused with learned positions.
+    bias : bool
+        Every linear layer has a bias (GPT-2/GPT-3), the QKV projection included.
+    qkv_bias : bool
+        The QKV projection has a bias (Qwen2), also without ``bias``.
+    max_positions : int
+        Rows of a learned position table (0: none, or RoPE).
+    qk_norm : bool
+        Queries and keys are normalized per head before attention (Qwen3; Megatron's
+        ``--qk-layernorm``): two more norm vectors of ``d_head`` per layer.
     """
 
     name: str
@@ -44,6 +71,24 @@ class ModelSpec:
     expert_ffn: int = 0
     shared_experts: int = 0
     head_dim: int = 0
+    normalization: str = "rmsnorm"
+    norm_epsilon: float = 1e-5
+    position_embedding: str = "rope"
+    rotary_base: float = 10000.0
+    bias: bool = False
+    qkv_bias: bool = False
+    max_positions: int = 0
+    qk_norm: bool = False
+
+    @property
+    def activation(self) -> str:
+        """The MLP's activation: ``"swiglu"`` (gated) or ``"gelu"``."""
+        return "swiglu" if self.gated_mlp else "gelu"
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        """The QKV projection has a bias (``qkv_bias``, or every linear layer's ``bias``)."""
+        return self.qkv_bias or self.bias
 
     @property
     def is_moe(self) -> bool:
@@ -94,33 +139,59 @@ class ModelSpec:
 
     @property
     def norm_params(self) -> int:
-        """Two RMSNorm/LayerNorm weight vectors per layer."""
-        return 2 * self.hidden
+        """Two norms per layer (and the per-head query and key norms with ``qk_norm``): RMSNorm
+        one weight vector each, LayerNorm weight and bias."""
+        width = 2 * self.hidden + (2 * self.d_head if self.qk_norm else 0)
+        return width * (2 if self.normalization == "layernorm" else 1)
+
+    @property
+    def bias_params_per_layer(self) -> int:
+        """Biases of one layer's linear layers: QKV (``qkv_bias``), and with ``bias`` the
+        output projection and the MLP (Megatron's fused gated ``fc1`` has ``2 ffn`` outputs).
+        MoE layers have no linear biases (:func:`check_model`)."""
+        qkv = (self.heads + 2 * self.kv_heads) * self.d_head if self.has_qkv_bias else 0
+        if not self.bias:
+            return qkv
+        fc1 = (2 if self.gated_mlp else 1) * self.ffn
+        return qkv + self.hidden + fc1 + self.hidden
 
     @property
     def params_per_layer(self) -> int:
-        """Stored weights of one Transformer layer."""
-        return self.attention_params + self.mlp_params + self.norm_params
+        """Stored weights of one Transformer layer (matrices, norms, biases)."""
+        return self.attention_params + self.mlp_params + self.norm_params \
+            + self.bias_params_per_layer
 
     @property
     def active_params_per_layer(self) -> int:
-        """Weights one token's matmuls use in one layer."""
+        """Weights one token's matmuls use in one layer, plus the norms (FLOP counts subtract
+        :attr:`norm_params`; biases are additions, not matmul weights)."""
         return self.attention_params + self.active_mlp_params + self.norm_params
 
     @property
+    def position_params(self) -> int:
+        """A learned absolute position table (0 with RoPE)."""
+        return self.max_positions * self.hidden if self.position_embedding == "learned" else 0
+
+    @property
     def embedding_params(self) -> int:
-        """Input embedding table (held by the first pipeline stage)."""
-        return self.vocab * self.hidden
+        """Input embedding table, and a learned position table (held by the first stage)."""
+        return self.vocab * self.hidden + self.position_params
+
+    @property
+    def final_norm_params(self) -> int:
+        """The final norm before the LM head (LayerNorm: weight and bias)."""
+        return self.hidden * (2 if self.normalization == "layernorm" else 1)
 
     @property
     def head_params(self) -> int:
-        """LM head (held by the last stage); stored there even when tied (Megatron keeps a copy)."""
-        return self.vocab * self.hidden + self.hidden
+        """LM head and final norm (held by the last stage); stored there even when tied
+        (Megatron keeps a copy)."""
+        return self.vocab * self.hidden + self.final_norm_params
 
     @property
     def total_params(self) -> int:
         """All stored weights (tied embeddings counted once)."""
-        head = self.hidden if self.tied_embeddings else self.head_params
+        head = self.final_norm_params if self.tied_embeddings else self.head_params
         return self.layers * self.params_per_layer + self.embedding_params + head
 
 
@@ -135,6 +206,20 @@ def check_model(m: ModelSpec, f: Fields) -> None:
         f.check("top_k", 1 <= m.top_k <= m.experts,
                 f"top_k must be in 1..experts ({m.experts}), got {m.top_k}")
         f.check("expert_ffn", m.expert_ffn >= 1, "an MoE model needs expert_ffn >= 1")
+        # Megatron-Core: TransformerConfig.__post_init__ asserts "Bias is not supported for MoE"
+        # (add_bias_linear with num_moe_experts); QKV biases alone are fine (Qwen2-MoE).
+        f.check("bias", not m.bias, "linear biases (bias = true) are not supported with MoE "
+                "(Megatron-Core's TransformerConfig rejects them); qkv_bias is")
     else:
         f.check("top_k", m.top_k == 0, "top_k needs experts > 0")
         f.check("shared_experts", m.shared_experts == 0, "shared_experts needs experts > 0")
+    f.check("normalization", m.normalization in NORMALIZATIONS,
+            f"must be one of {', '.join(map(repr, NORMALIZATIONS))}, got {m.normalization!r}")
+    f.check("position_embedding", m.position_embedding in POSITION_EMBEDDINGS,
+            f"must be one of {', '.join(map(repr, POSITION_EMBEDDINGS))}, "
+            f"got {m.position_embedding!r}")
+    f.check("max_positions", m.position_embedding == "learned" or m.max_positions == 0,
+            "max_positions sizes a learned position table: set position_embedding = "
+            "\"learned\" or drop it")
+    f.check("max_positions", m.position_embedding != "learned" or m.max_positions >= 1,
+            "learned position embeddings need max_positions (the table's rows) >= 1")

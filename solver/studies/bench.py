@@ -109,7 +109,8 @@ class BenchOptions:
     time_limit_s : float | None
         CP-SAT / MILP time limit per solve (None: the job's).
     replicas : bool
-        Also search pipeline replicas across islands (:mod:`solver.planner.replicas`).
+        Also search pipeline replicas across islands (:mod:`solver.planner.replicas`) on
+        every job; a job with ``[planner] replicas = true`` has them searched anyway.
     replica_time_limit_s : float
         Time limit of that search.
     replica_workers : int
@@ -349,7 +350,10 @@ def bench_job(path: Path | str, options: BenchOptions = BenchOptions()) -> Bench
         row = replace(row, solvers=runs, agree=agreement(runs))
     if options.baselines:
         row = replace(row, baselines=baseline_runs(job, plan, note))
-    if options.replicas and plan is not None and job.constraints.max_replicas != 1:
+    # The replica search where the bench asks for it (--replicas) or the job does
+    # ([planner] replicas = true), not under max_replicas = 1.
+    if (options.replicas or job.planner.replicas) and plan is not None and \
+            job.constraints.max_replicas != 1:
         row = replace(row, replicas=replica_run(job, plan, config, options))
     return row
 

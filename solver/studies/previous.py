@@ -18,7 +18,7 @@ from solver.cost.stage import ConfigArrays, ModelSlice, StageConfig
 from solver.cost.stage_costs import PipelineSetting, stage_costs, substage_latencies
 from solver.islands import IslandSet, Thresholds, build_islands, group_island, whole_cluster
 from solver.planner.plan import Plan, SolverInfo, StagePlan
-from solver.planner.replica_plan import (Replica, ReplicatedPlan, allreduce_s, replica_job,
+from solver.planner.replica_plan import (Replica, ReplicatedPlan, exchange_s, replica_job,
                                          validate_replicated)
 from solver.planner.search import job_islands
 from solver.planner.validate import PlanInvalid, link_model, validate
@@ -136,7 +136,7 @@ def _replicated(f: Fields, job: JobSpec) -> ReplicatedPlan:
                                                  hi=job.training.global_batch)
     replicas = tuple(_replica(f, Fields(item, f.file, f"replicas[{k}]"), k, job, by_name)
                      for k, item in enumerate(listed))
-    extra = allreduce_s(job, [r.islands for r in replicas])
+    extra = exchange_s(job, replicas)
     rp = ReplicatedPlan(job, replicas, extra, PREVIOUS, share_unit, islands=islands.islands,
                         note="the previous plan, read back")
     try:
@@ -239,9 +239,15 @@ def _stage_config(g: Fields, micro: int) -> StageConfig:
     ints = {k: g.get(k, int, lo=1, hi=10**6) for k in ("tp", "cp", "ep", "pp", "dp")}
     g.check("dp", micro % ints["dp"] == 0, f"dp {ints['dp']} does not divide the micro-batch "
                                            f"of {micro} sequences")
-    return StageConfig(**ints, zero=g.get("zero", int, lo=0, hi=3),
-                       recompute=g.get_enum("recompute", Recompute),
-                       offload=g.get("offload", bool), micro_batch=micro // ints["dp"])
+    recompute = g.get_enum("recompute", Recompute)
+    # Plans written before the block method have no ``recompute_layers``: all layers.
+    k = None if g.data.get("recompute_layers") is None else \
+        g.get("recompute_layers", int, lo=1, hi=10**6)
+    g.check("recompute_layers", k is None or recompute is Recompute.FULL,
+            "recompute_layers needs recompute = \"full\"")
+    return StageConfig(**ints, zero=g.get("zero", int, lo=0, hi=3), recompute=recompute,
+                       offload=g.get("offload", bool), micro_batch=micro // ints["dp"],
+                       recompute_layers=k)
 
 
 def _stage_nodes(g: Fields, island: Island) -> tuple[Node, ...]:

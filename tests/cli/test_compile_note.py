@@ -39,7 +39,7 @@ def test_note_counts_only_this_commands_compilations(tmp_path, monkeypatch, caps
     monkeypatch.setitem(sys.modules, "fake_kernels", kernels)
     monkeypatch.setattr(cli, "KERNEL_MODULES", ("fake_kernels", "not_imported"))
     parser = cli.build_parser()
-    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(cli, "build_parser", lambda *_: parser)
     for compile_now, note in ((2, "compiled 2 numba kernels"), (0, None)):
         args = parser.parse_args(["islands", CLUSTER])
         args.func = _fake_command(tmp_path, compile_now)

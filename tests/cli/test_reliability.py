@@ -165,15 +165,18 @@ def test_one_or_two_workers_print_the_same_plan_and_zero_is_refused(capsys):
 
 def test_solvers_give_identical_plans(tmp_path, capsys):
     # Small enough for CP-SAT and the MILP to prove their optimum (they search every plan that
-    # could beat the DP's): three nodes, the shared mini job.
+    # could beat the DP's): three nodes, the shared mini job. No wall-clock limit, so the proof
+    # (``optimal`` in every payload) never depends on the machine's load.
     path = tmp_path / "mini.toml"
     path.write_text(MINI_FIXED)
     path = str(path)
     payloads = []
     for solver in ("dp", "cpsat", "milp"):
-        assert main(["plan", path, "--json", "--stable-json", "--solver", solver]) == 0
+        assert main(["plan", path, "--json", "--stable-json", "--solver", solver,
+                     "--time-limit", "inf"]) == 0
         payload = json.loads(capsys.readouterr().out)
         assert payload["solver"].pop("name").startswith(solver)
+        assert payload["solver"]["optimal"] is True, (solver, payload["solver"])
         payloads.append(payload)
     assert payloads[0] == payloads[1] == payloads[2]
 

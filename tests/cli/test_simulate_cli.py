@@ -107,18 +107,20 @@ def test_cli_text_prints_key_value_lines(mini_path, capsys):
     assert "simulated_iteration_time_s: " in out and "closed_form_iteration_time_s: " in out
 
 
-def test_overlap_demo_changes_the_plan():
-    # The shipped demo: eq. 9 hides the slow boundary transfers, so it cuts the H100 pod into
-    # more stages than links-as-stages does (deeper pipelines are cheap when transfers are
-    # free). The simulator prefers the plan made without overlap (see the job file).
+def test_overlap_demo_prices_hidden_transfers_below_links_as_stages():
+    # The shipped demo joins the pods by a 5 Gb/s link. Eq. 9 hides the boundary transfers under
+    # the sending stage's compute, so the plan made under it is never priced above the plan made
+    # with links as stages (each is optimal under its own objective, and eq. 9 charges every
+    # plan at most what links-as-stages charges). The simulator, which sends the transfers
+    # asynchronously, is slower than eq. 9's closed form on the overlap plan: the hidden
+    # transfers are not free.
     job = load_job(INSTANCES / "jobs" / "overlap-demo.toml")
     off = dataclasses.replace(job, planner=dataclasses.replace(job.planner, overlap=False))
     with_overlap, without = plan_job(job), plan_job(off)
-
-    def h100_stages(plan):
-        return sum(s.island.gpu.name == "H100-SXM-80GB" for s in plan.stages)
-    assert h100_stages(with_overlap) > h100_stages(without) >= 1
-    assert check_objectives(with_overlap).simulated_s > check_objectives(without).simulated_s
+    assert with_overlap.iteration_time_s <= without.iteration_time_s
+    checked = check_objectives(with_overlap)
+    assert checked.eq9_s <= checked.links_as_stages_s
+    assert checked.simulated_s > checked.eq9_s
 
 
 def test_round_trip_estimate_by_hand():

@@ -23,6 +23,8 @@ from solver.compose.dp import (
 )
 from solver.compose.table import POSITIONS, Budget, LatencyTable, Restrictions
 
+from conftest import CBC_NODES, CPSAT_WORK, NO_WALL_CLOCK
+
 NAMES = "ABCDEFGH"
 
 
@@ -174,13 +176,15 @@ def medium_problems(draw, **kw):
     return table, draw(restrictions(table)), draw(st.booleans())
 
 
-def _agree(problem, cpsat_limit: float) -> None:
+def _agree(problem, work: float) -> None:
+    """The models prove the DP's optimum within deterministic limits (``work`` deterministic
+    seconds for CP-SAT, conftest's node count for CBC; HiGHS without a wall-clock limit)."""
     table, rules, overlap = problem
     dp = compose_dp(table, rules, overlap)
-    models = [solve_cpsat(table, rules, overlap, time_limit_s=cpsat_limit),
-              solve_milp(table, rules, overlap, time_limit_s=cpsat_limit, backend=MilpBackend.CBC),
-              solve_milp(table, rules, overlap, time_limit_s=cpsat_limit,
-                         backend=MilpBackend.HIGHS)]
+    models = [solve_cpsat(table, rules, overlap, NO_WALL_CLOCK, work_limit=work),
+              solve_milp(table, rules, overlap, NO_WALL_CLOCK, MilpBackend.CBC,
+                         node_limit=CBC_NODES),
+              solve_milp(table, rules, overlap, NO_WALL_CLOCK, MilpBackend.HIGHS)]
     for res in models:
         if dp.status is SolveStatus.INFEASIBLE:
             assert res.status is SolveStatus.INFEASIBLE, res.solver
@@ -196,7 +200,7 @@ def _agree(problem, cpsat_limit: float) -> None:
           suppress_health_check=[HealthCheck.too_slow])
 @given(medium_problems())
 def test_models_agree_with_dp(problem):
-    _agree(problem, cpsat_limit=30.0)
+    _agree(problem, work=CPSAT_WORK)
 
 
 @pytest.mark.slow
@@ -204,7 +208,7 @@ def test_models_agree_with_dp(problem):
           suppress_health_check=[HealthCheck.too_slow])
 @given(medium_problems(max_k=6, max_l=24))
 def test_models_agree_with_dp_heavy(problem):
-    _agree(problem, cpsat_limit=60.0)
+    _agree(problem, work=2 * CPSAT_WORK)
 
 
 @pytest.mark.slow

@@ -17,13 +17,17 @@ from solver.compose.dp import SolveStatus, compose_brute, compose_dp, objective_
 from solver.compose.table import LatencyTable, Position, Restrictions, load_table
 from solver.spec.loaders import INSTANCES
 
+from conftest import CBC_NODES, CPSAT_WORK, NO_WALL_CLOCK
+
 TABLES = INSTANCES / "tables"
 
+# Deterministic limits (conftest): the proof each test asserts never depends on the load.
 SOLVERS = {
     "dp": lambda t, r, o: compose_dp(t, r, o),
-    "cpsat": lambda t, r, o: solve_cpsat(t, r, o, time_limit_s=30),
-    "milp-cbc": lambda t, r, o: solve_milp(t, r, o, time_limit_s=30, backend=MilpBackend.CBC),
-    "milp-highs": lambda t, r, o: solve_milp(t, r, o, time_limit_s=30, backend=MilpBackend.HIGHS),
+    "cpsat": lambda t, r, o: solve_cpsat(t, r, o, NO_WALL_CLOCK, work_limit=CPSAT_WORK),
+    "milp-cbc": lambda t, r, o: solve_milp(t, r, o, NO_WALL_CLOCK, MilpBackend.CBC,
+                                           node_limit=CBC_NODES),
+    "milp-highs": lambda t, r, o: solve_milp(t, r, o, NO_WALL_CLOCK, MilpBackend.HIGHS),
     "brute": lambda t, r, o: compose_brute(t, r, o),
 }
 

@@ -41,7 +41,11 @@ def test_flagscale_drops_what_hetero_training_cannot_run(island):
     plans = AnalyticParallelizer().plan(ModelSlice.whole(LLAMA_SMALL), island,
                                         _ctx(Framework.FLAGSCALE))
     assert plans
-    assert all(p.config.cp == 1 and not p.config.offload for p in plans)
+    assert all(not p.config.offload for p in plans)
+    # A stage of several meshes runs under hetero, which asserts cp == 1; one mesh may use CP.
+    part = AnalyticParallelizer().plan(ModelSlice(LLAMA_SMALL, 6, True, False), island,
+                                       _ctx(Framework.FLAGSCALE, max_pp=1))
+    assert part and all(p.config.cp == 1 for p in part)
     assert all(p.config.recompute in (Recompute.NONE, Recompute.FULL) for p in plans)
     # One distributed-optimizer flag: every stage with replicas uses ZeRO-1.
     assert {p.config.zero for p in plans if p.config.dp * p.config.cp > 1} == {1}
@@ -68,7 +72,9 @@ def test_violations_by_hand():
     fs = profile(Framework.FLAGSCALE)
     mixed = [StageConfig(tp=8, dp=2, zero=1), StageConfig(tp=4, dp=4, zero=0)]
     assert any("one ZeRO stage" in v for v in violations(mixed, fs, True))
-    assert violations([StageConfig(tp=2, cp=2, dp=2, zero=1)], fs, True)  # no CP in FlagScale
+    # One mesh is plain Megatron-LM (CP runs); hetero asserts cp == 1 (two meshes).
+    assert violations([StageConfig(tp=2, cp=2, dp=2, zero=1)], fs, True) == []
+    assert violations([StageConfig(tp=2, cp=2, dp=2, zero=1)] * 2, fs, True)
     mc = profile(Framework.MEGATRON_CORE)
     assert any("one (tp, cp, ep, dp)" in v for v in violations(
         [StageConfig(tp=8, dp=2, zero=1), StageConfig(tp=4, dp=4, zero=1)], mc, True))
@@ -97,7 +103,8 @@ def test_zero_choices():
 
 def test_feature_set_of_framework_meets_presets():
     fs = FeatureSet.of_framework(Framework.FLAGSCALE, True)
-    assert not fs.cp and not fs.offload and fs.zero == (0, 1)
+    # CP is a FlagScale feature (one mesh); the stage rows of several meshes drop it.
+    assert fs.cp and not fs.offload and fs.zero == (0, 1)
     # A preset without ZeRO keeps ZeRO-0 (the reduction to ZeRO-1 happens after the meet).
     assert zero_choices(profile(Framework.FLAGSCALE), True, allowed=(0,)) == (0,)
 
@@ -111,7 +118,7 @@ def test_job_with_an_unplanned_framework_is_refused(tmp_path):
 
 
 FAST_JOBS = ["seed-llama3-70b", "homog-a100-llama2-13b", "v100-a100-llama2-13b",
-             "mixtral-a100-h100", "long-context-llama3-8b"]
+             "mixtral-a100-h100", "long-context-llama3-8b", "mi300x-h100-llama3-70b"]
 
 
 @pytest.mark.parametrize("name", FAST_JOBS)
@@ -134,6 +141,9 @@ def _check_job(name):
     job = load_job(INSTANCES / "jobs" / f"{name}.toml")
     plan = plan_auto(job)
     pipelined = len(plan.stages) > 1 or any(s.plan.config.pp > 1 for s in plan.stages)
+    # Every rule of the runtime, the job-level ones included (model, precision, GPU types).
     found = violations([s.plan.config for s in plan.stages], profile(job.planner.framework),
-                       pipelined)
+                       pipelined, model=job.model, precision=job.training.precision,
+                       stage_gpus=[{n.gpu for n in (s.nodes or s.island.nodes)}
+                                   for s in plan.stages])
     assert found == [], (name, found)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import SHIPPED_CLUSTERS, make_cluster
+from conftest import CPSAT_WORK, SHIPPED_CLUSTERS, make_cluster
 
 from formulations.island_merge import solve_island_merge
 from solver.islands import Thresholds, build_islands, merge_loss_of, partition_loss
@@ -22,7 +22,7 @@ GPUS = ["A100-SXM-40GB", "A100-SXM-80GB", "H100-SXM-80GB", "H100-NVL-94GB", "H10
 
 def compare(cluster, th):
     greedy = build_islands(cluster, th)
-    exact = solve_island_merge(greedy.components, th)
+    exact = solve_island_merge(greedy.components, th, work_limit=CPSAT_WORK)  # no clock
     assert exact.optimal
     g_loss = partition_loss([i.nodes for i in greedy.islands])
     assert exact.islands <= len(greedy.islands)
@@ -45,7 +45,8 @@ def test_hand_case_merge_of_throttled_pair(catalog):
     # Components 989 (16 GPUs) and 890.1 (16 GPUs) at τ_C = 0.05: one merge, loss 5.3% ≤ 10%.
     cluster = make_cluster(catalog, ("H100-SXM-80GB", 2), ("H100-SXM-80GB", 2, 0.9))
     th = Thresholds(tau_c=0.05, t_merge=0.1)
-    exact = solve_island_merge(build_islands(cluster, th).components, th)
+    exact = solve_island_merge(build_islands(cluster, th).components, th,
+                               work_limit=CPSAT_WORK)
     assert exact.islands == 1
     assert exact.loss == pytest.approx(1 - 32 * 890.1 / (16 * 989 + 16 * 890.1))
 

@@ -78,7 +78,7 @@ def test_gpu_field_names_weakest_member(catalog):
 def test_islands_cli_json_contract(path, capsys):
     assert main(["islands", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"islands", "merges"}
+    assert set(out) == {"islands", "merges", "gpu_types"}  # gpu_types: the catalog entries used
     keys = {"name", "gpu", "nodes", "gpus", "gpus_per_node", "tflops_per_gpu", "hbm_gb",
             "total_tflops"}
     for isl in out["islands"]:

@@ -26,7 +26,7 @@ def test_flagscale_yaml_parses_and_matches_the_plan(seed, capsys):
     job, plan = seed
     assert main(["plan", str(SEED), "--emit", "flagscale"]) == 0
     doc = yaml.safe_load(capsys.readouterr().out)
-    system, model = doc["system"], doc["model"]
+    system, model = doc["train"]["system"], doc["train"]["model"]
     het = system["hetero"]
     assert het["enable_hetero"] is True
     flat = het["hetero_process_meshes"]
@@ -67,7 +67,8 @@ def test_megatron_args_for_a_one_layout_plan(tmp_path, capsys):
     out = tmp_path / "args.txt"
     assert main(["export", str(path), "--job", str(HOMOG), "--to", "megatron", "-o",
                  str(out)]) == 0
-    flags = dict(line.rstrip(" \\").partition(" ")[::2] for line in out.read_text().splitlines())
+    flags = dict(line.rstrip(" \\").partition(" ")[::2] for line in out.read_text().splitlines()
+                 if line.startswith("--"))
     c = plan.stages[0].plan.config
     assert flags["--tensor-model-parallel-size"] == str(c.tp)
     assert flags["--pipeline-model-parallel-size"] == str(c.pp)
@@ -102,6 +103,46 @@ def test_flagscale_refuses_what_hetero_mode_cannot_run(seed):
         flagscale_config(replace(plan, virtual_stages=2))
 
 
+def test_flagscale_output_writes_the_hostfile_beside_and_names_it(seed, tmp_path, capsys):
+    job, plan = seed
+    out = tmp_path / "plan.yaml"
+    assert main(["plan", str(SEED), "--emit", "flagscale", "-o", str(out)]) == 0
+    doc = yaml.safe_load(out.read_text())
+    hostfile = tmp_path / "plan.hostfile"
+    assert doc["experiment"]["runner"]["hostfile"] == str(hostfile)
+    lines = [x.split() for x in hostfile.read_text().splitlines() if not x.startswith("#")]
+    assert [x[0] for x in lines] == [n for s in plan.stages for n in s.node_ids]
+    assert {x[2] for x in lines} == {f"type={t}" for t in
+                                     doc["train"]["system"]["hetero"]["hetero_device_types"]}
+    # On stdout the YAML names <job>.hostfile and lists its lines as comments.
+    assert main(["plan", str(SEED), "--emit", "flagscale"]) == 0
+    text = capsys.readouterr().out
+    assert f"#   {lines[0][0]} {lines[0][1]} {lines[0][2]}" in text
+    assert yaml.safe_load(text)["experiment"]["runner"]["hostfile"] == f"{job.name}.hostfile"
+
+
+def test_emit_with_json_prints_both_or_refuses_in_one_line(seed, tmp_path, capsys):
+    job, plan = seed
+    assert main(["plan", str(SEED), "--json", "--emit", "flagscale"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    export = payload["export"]
+    assert export["framework"] == "flagscale" and "stages" in payload
+    assert yaml.safe_load(export["text"])["train"]["model"]["num_layers"] == job.model.layers
+    assert export["hostfile"].count("slots=") == sum(len(s.node_ids) for s in plan.stages)
+    assert main(["plan", str(SEED), "--json", "--emit", "megatron"]) == 3
+    captured = capsys.readouterr()
+    assert captured.out == "" and "\n" not in captured.err.strip()
+    assert captured.err.startswith("cannot export to megatron")
+
+
+def test_nothing_is_silently_ignored(tmp_path, capsys):
+    assert main(["plan", str(HOMOG), "-o", str(tmp_path / "x.yaml")]) == 2
+    assert "--emit" in capsys.readouterr().err
+    assert main(["plan", str(HOMOG), "--emit", "megatron", "--explain"]) == 2
+    err = capsys.readouterr().err
+    assert "--json" in err and "\n" not in err.strip()
+
+
 @pytest.mark.slow
 def test_every_shipped_job_exports_or_says_why():
     """Every shipped job's plan (fleet-8448 aside: it plans for minutes) exports to FlagScale, and
@@ -113,7 +154,7 @@ def test_every_shipped_job_exports_or_says_why():
             continue
         plan = plan_auto(load_job(path))
         doc = yaml.safe_load(flagscale_yaml(plan))
-        assert sum(doc["system"]["hetero"]["hetero_pipeline_layer_split"]) == plan.job.model.layers
+        assert doc["train"]["model"]["num_layers"] == plan.job.model.layers
         try:
             args = megatron_args(plan)
             assert any(a.startswith("--tensor-model-parallel-size") for a in args)

@@ -3,6 +3,8 @@ they should."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from solver.cli.main import main
@@ -34,8 +36,12 @@ def free(tmp_path_factory):
 
 
 def _solvers(job):
-    return [plan_job(job, PlannerConfig(solver=k)) for k in
-            (SolverKind.DP, SolverKind.CPSAT, SolverKind.MILP)]
+    """The plan of each solver, each proven (no wall-clock limit: a model stopped by one would
+    hand back the DP's plan, and the agreement below would prove nothing)."""
+    plans = [plan_job(job, PlannerConfig(solver=k, time_limit_s=math.inf)) for k in
+             (SolverKind.DP, SolverKind.CPSAT, SolverKind.MILP)]
+    assert all(p.solver.optimal for p in plans), [p.solver for p in plans]
+    return plans
 
 
 @pytest.mark.parametrize("table,check", [

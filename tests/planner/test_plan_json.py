@@ -16,10 +16,10 @@ from tests.planner.test_planner import write_job
 from tests.planner.test_replicas import _write
 
 TOP = {"pipeline_s", "per_iteration_s", "objective", "islands", "stages", "solver", "view",
-       "framework", "schedule", "virtual_stages", "idle_nodes"}
+       "framework", "schedule", "virtual_stages", "idle_nodes", "warnings"}
 STAGE = {"island", "gpu", "gpus", "nodes", "layers", "tp", "cp", "ep", "pp", "dp", "zero",
-         "recompute", "offload", "micro_batch", "virtual_stages", "precision", "latency_s",
-         "memory_gb"}
+         "recompute", "recompute_layers", "offload", "micro_batch", "virtual_stages",
+         "precision", "latency_s", "memory_gb"}
 
 
 def test_rounding_keeps_nine_significant_digits():
@@ -57,8 +57,8 @@ def test_single_pipeline_json_traces_to_the_plan(plan):
             "island": s.island.name, "gpu": s.island.gpu.name, "gpus": s.gpus,
             "nodes": s.node_ids, "layers": [s.start, s.end], "tp": c.tp, "cp": c.cp, "ep": c.ep,
             "pp": c.pp, "dp": c.dp, "zero": c.zero, "recompute": c.recompute.value,
-            "offload": c.offload, "micro_batch": c.micro_batch,
-            "virtual_stages": plan.virtual_stages,
+            "recompute_layers": c.recompute_layers, "offload": c.offload,
+            "micro_batch": c.micro_batch, "virtual_stages": plan.virtual_stages,
             "precision": s.island.gpu.runs_in(plan.job.training.precision),
             "latency_s": _r(s.plan.latency_s), "memory_gb": _r(s.plan.memory_gb)}
 
@@ -75,7 +75,9 @@ def test_unproven_plan_reports_bound_and_gap(plan):
 
 def test_replicated_json_traces_to_the_replicas(tmp_path):
     job = load_job(_write(tmp_path))
-    rp = plan_replicas(job, plan_job(job), options=ReplicaOptions(share_steps=8))
+    # No wall-clock deadline: "optimal" below never depends on the machine's load.
+    rp = plan_replicas(job, plan_job(job), options=ReplicaOptions(share_steps=8,
+                                                                  time_limit_s=math.inf))
     out = replicated_json(rp, [])
     assert TOP <= set(out)
     assert out["allreduce_s"] == _r(rp.allreduce_s)
@@ -90,8 +92,9 @@ def test_replicated_json_traces_to_the_replicas(tmp_path):
          "stages": len(r.plan.stages)} for r in rp.replicas]
     assert [s["replica"] for s in out["stages"]] == [
         k for k, r in enumerate(rp.replicas) for _ in r.plan.stages]
+    assert out["exchange"] == rp.exchange and out["runtime"] == rp.runtime.json()
     assert out["replica_search"] == {
-        "optimal": True, "time_s": _r(rp.solver.time_s, 4), "heuristic_pruning": True,
+        "searched": True, "optimal": True, "time_s": _r(rp.solver.time_s, 4), "heuristic_pruning": True,
         "bound": None, "gap": None, "share_unit": rp.share_unit,
         "partitions": {"settled": rp.partitions[0], "enumerated": rp.partitions[1]}}
     assert out["idle_nodes"] == [{"node": n, "reason": w} for n, w in rp.idle]
@@ -117,7 +120,7 @@ def test_replicated_json_passes_islands_idle_and_search_status(tmp_path):
     from dataclasses import replace
     from solver.planner.plan import SolverInfo
     from solver.planner.search import job_islands
-    job = load_job(_write(tmp_path, extra=""))
+    job = load_job(_write(tmp_path, gbits=3200.0, extra=""))  # fast enough for replicas
     rp = plan_replicas(job, plan_job(job), options=ReplicaOptions(share_steps=8))
     assert len(rp.replicas) > 1
     spare = job_islands(job).islands[0]

@@ -119,8 +119,11 @@ def test_worked_example_reproduced():
     plan = plan_job(job)
     assert {s.island.gpu.name for s in plan.stages} == {"H100-SXM-80GB", "A100-SXM-80GB"}
     h100 = sum(s.end - s.start for s in plan.stages if s.island.gpu.name.startswith("H100"))
-    # The seed note reports ~48 of 80 layers on the H100 island (compute share 49).
-    assert 44 <= h100 <= 50
+    # The seed note reports ~48 of 80 layers on the H100 island (datasheet compute share 49).
+    # The cost model now prices Hopper's GEMMs at their in-training fraction fitted on
+    # Megatron-LM's H100 table (catalog ``gemm_in_training`` 0.621 vs A100's 0.75), so the H100
+    # island takes 43: the split follows the measured speeds, not the datasheet ratio.
+    assert 42 <= h100 <= 50
     assert plan.solver.optimal and problems(plan, job) == []
     assert not plan.idle  # every node of both islands hosts a stage
 
@@ -238,6 +241,9 @@ def test_infeasible_job_exit_3(tmp_path, capsys):
 
 def test_verify_json_contract(tmp_path, capsys):
     path = write_job(tmp_path, ["H100-SXM-80GB", "A100-SXM-80GB", "L40S"], layers=8, n=4)
+    # The largest limit a job accepts (a day) under [planner]: CP-SAT and the MILP prove this
+    # 3-node job's optimum under any load, so "proven" below never depends on the clock.
+    path.write_text(path.read_text() + "time_limit_s = 86400.0\n")
     assert main(["verify", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"unpruned", "ablation", "solvers"}
@@ -315,7 +321,8 @@ def test_a_single_unpipelined_stage_may_use_what_only_pipelines_forbid():
     job = load_job(INSTANCES / "jobs" / "homog-a100-llama2-13b.toml")
     plan = plan_job(job)
     ds = replace(job, planner=replace(job.planner, framework=Framework.DEEPSPEED))
-    cfg = replace(plan.stages[0].plan.config, pp=1, zero=3)
+    c = plan.stages[0].plan.config  # (the FlagScale plan may use CP: DeepSpeed has none)
+    cfg = replace(c, pp=1, cp=1, dp=c.dp * c.cp * c.pp, zero=3)
     assert violations([cfg], profile(Framework.DEEPSPEED), False) == []
     assert violations([cfg, cfg], profile(Framework.DEEPSPEED), True)
     one = replace(plan, stages=(replace(plan.stages[0], plan=replace(plan.stages[0].plan,

@@ -184,8 +184,10 @@ def test_every_planned_share_is_on_the_grid(job, monkeypatch):
 def test_two_workers_find_the_same_plan(job):
     from solver.planner.replicas import ReplicaOptions, plan_replicas
     single = plan_job(job)
-    one = plan_replicas(job, single, options=ReplicaOptions(share_steps=8))
-    two = plan_replicas(job, single, options=ReplicaOptions(share_steps=8, workers=2))
+    # No wall-clock deadline: the proof asserted below never depends on the machine's load.
+    one = plan_replicas(job, single, options=ReplicaOptions(share_steps=8, time_limit_s=math.inf))
+    two = plan_replicas(job, single, options=ReplicaOptions(share_steps=8, workers=2,
+                                                            time_limit_s=math.inf))
     assert two.iteration_time_s == one.iteration_time_s and two.shares == one.shares
     assert two.solver.optimal and two.partitions == one.partitions
 
@@ -296,8 +298,13 @@ def test_export_refusal_text():
     assert not_exportable((24, 8)) == (
         "the plan trains 2 pipeline replicas with batch shares [24, 8]; FlagScale's "
         "heterogeneous meshes form one pipeline and Megatron-LM runs one layout, so neither "
-        "trains uneven shares on separate pipelines (plan with [constraints] max_replicas = 1 "
-        "for an exportable plan)")
+        "trains separate pipelines (plan without [planner] replicas = true, or with "
+        "[constraints] max_replicas = 1, for an exportable plan)")
+    # With the plan's runtime verdict, the verdict is the reason.
+    assert not_exportable((24, 8), "no supported runtime trains it: why") == (
+        "the plan trains 2 pipeline replicas with batch shares [24, 8]; no supported runtime "
+        "trains it: why (plan without [planner] replicas = true, or with [constraints] "
+        "max_replicas = 1, for an exportable plan)")
 
 
 def test_one_partition_solved_from_scratch_equals_its_brute_force(job):

@@ -12,10 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import CPSAT_WORK
 from formulations.shares_cpsat import solve_shares
 from solver.cli.main import main
-from solver.planner.replica_plan import (ReplicatedPlan, allreduce_s, replica_job,
-                                         validate_replicated)
+from solver.planner.replica_plan import (ReplicatedPlan, allreduce_s, full_allreduce_s,
+                                         replica_job, validate_replicated)
 from solver.planner.replicas import (ReplicaOptions, best_shares, partitions, plan_replicas,
                                      replica_floor, share_unit)
 from solver.planner.search import job_islands, plan_job
@@ -24,7 +25,9 @@ from solver.spec.errors import InfeasibleError
 from solver.spec.loaders import load_job
 
 # Llama 2 7B on one node each of three GPU generations: small enough to brute-force, and with
-# a fast inter-island network three replicas beat the single pipeline (checked below).
+# a fast inter-island network three replicas beat the single pipeline (checked below). Their
+# layouts differ, so their exchange is the full-gradient all-reduce over one link per replica:
+# 3200 Gb/s prices it as 400 Gb/s per GPU priced the shard-wise ring of 8 GPUs.
 MINI3 = """
 description = "test: Llama 2 7B on one H200, one H100 and one A100 node"
 model = "llama2-7b"
@@ -63,14 +66,18 @@ def _write(tmp_path, gbits=400.0, batch=64, n="4", extra="", name="mini3.toml"):
 
 #: The batch at which three replicas win on MINI3 (48/36/12 sequences at n_micro = 2; at 64
 #: sequences the A100 node's smallest share, 8, is slower than giving it nothing: two replicas).
-THREE = {"batch": 96, "n": "2"}
+THREE = {"batch": 96, "n": "2", "gbits": 3200.0}
+#: Asks ``tangram plan`` for the replica search (off by default: one pipeline).
+REPLICAS = "\n[planner]\nreplicas = true\n"
 
 
 @pytest.fixture(scope="module")
 def mini(tmp_path_factory):
     job = load_job(_write(tmp_path_factory.mktemp("rep"), **THREE))
     single = plan_job(job)
-    return job, single, plan_replicas(job, single, options=ReplicaOptions(share_steps=8))
+    # No wall-clock deadline: the proofs the tests assert never depend on the machine's load.
+    return job, single, plan_replicas(job, single, options=ReplicaOptions(share_steps=8,
+                                                                          time_limit_s=math.inf))
 
 
 def test_best_shares_by_hand():
@@ -109,9 +116,34 @@ def test_allreduce_by_hand(mini):
     job, _, _ = mini
     isl = job_islands(job).islands
     # Two replicas of 8 GPUs each: 2 (2 - 1) / 2 of the fp32 gradients per GPU shard.
-    expect = 1.0 * job.model.total_params * 4 / 8 / (400 / 8 * 1e9)
+    expect = 1.0 * job.model.total_params * 4 / 8 / (3200 / 8 * 1e9)
     assert allreduce_s(job, [isl[:1], isl[1:2]]) == pytest.approx(expect, rel=1e-12)
     assert allreduce_s(job, [isl]) == 0.0
+    # The full-gradient all-reduce: the whole gradient over one link, 8 times the ring here.
+    assert full_allreduce_s(job, [isl[:1], isl[1:2]]) == pytest.approx(8 * expect, rel=1e-12)
+    assert full_allreduce_s(job, [isl]) == 0.0
+
+
+def test_exchange_is_priced_on_the_replicas_shard_layouts(tmp_path, mini):
+    # Llama 2 7B: 6,738,415,616 parameters, 4 bytes of fp32 gradient each.
+    job, _, rp = mini
+    assert job.model.total_params == 6_738_415_616
+    # Three replicas of different layouts at 3200 Gb/s: 2 (3 - 1)/3 x 26.95 GB over one
+    # 400 GB/s link = 0.0898 s (the shard-wise ring of 8 GPUs would be 8 times less).
+    assert rp.exchange == "full-gradient all-reduce" and len(rp.replicas) == 3
+    assert rp.allreduce_s == pytest.approx(4 / 3 * 6_738_415_616 * 4 / 400e9, rel=1e-12)
+    assert rp.allreduce_s == pytest.approx(0.0898455415, rel=1e-9)
+    # At 400 Gb/s two replicas win on the H200 and H100 nodes, with the same stages and
+    # layouts: a shard-wise ring over their 8 GPUs, 1 x 26.95 GB / 8 / 50 GB/s = 0.0674 s.
+    two = load_job(_write(tmp_path, gbits=400.0, batch=96, n="2"))
+    got = plan_replicas(two, plan_job(two), options=ReplicaOptions(share_steps=8))
+    assert len(got.replicas) == 2 and got.exchange == "shard-wise ring"
+    assert got.allreduce_s == pytest.approx(6_738_415_616 * 4 / 8 / 50e9, rel=1e-12)
+    # The same shards on H200 and H100 nodes at uneven shares: still no runtime trains it.
+    assert got.runtime.runs_on == () and "uneven shares" in got.runtime.why
+    assert "GPU kind" in got.runtime.why
+    brute, _ = _brute(two, 8)
+    assert got.iteration_time_s == pytest.approx(brute, rel=1e-9)
 
 
 def _brute(job, steps):
@@ -122,14 +154,23 @@ def _brute(job, steps):
     units = job.training.global_batch // unit
     times: dict = {}
 
+    plans: dict = {}
+
     def t(group, share):
         key = (tuple(i.name for i in group), share)
         if key not in times:
             try:
-                times[key] = plan_job(replica_job(job, group, share)).iteration_time_s
+                plans[key] = plan_job(replica_job(job, group, share))
+                times[key] = plans[key].iteration_time_s
             except InfeasibleError:
                 times[key] = math.inf
         return times[key]
+
+    def shards(group, share):  # which gradients each GPU holds: stages and their layouts
+        p = plans[(tuple(i.name for i in group), share)]
+        return (p.virtual_stages, [(s.start, s.end, s.plan.config.tp, s.plan.config.cp,
+                                    s.plan.config.ep, s.plan.config.pp, s.plan.config.dp,
+                                    s.plan.config.zero) for s in p.stages])
 
     best = plan_job(job).iteration_time_s
     for labels in itertools.product(range(len(isl) + 1), repeat=len(isl)):
@@ -140,12 +181,20 @@ def _brute(job, steps):
         gbits = job.cluster.inter_island_gbits
         fewest = min(sum(i.gpus for i in g) for g in groups)
         r = len(groups)
-        extra = 2 * (r - 1) / r * job.model.total_params * 4 / fewest / (gbits / 8 * 1e9)
         for cut in itertools.product(range(1, units), repeat=r - 1):
             shares = list(cut) + [units - sum(cut)]
             if shares[-1] < 1:
                 continue
-            best = min(best, max(t(g, k * unit) for g, k in zip(groups, shares)) + extra)
+            slowest = max(t(g, k * unit) for g, k in zip(groups, shares))
+            if not math.isfinite(slowest):
+                continue
+            # A shard-wise ring where every replica holds the same shards, else the whole
+            # gradient over one link per replica.
+            same = all(shards(g, k * unit) == shards(groups[0], shares[0] * unit)
+                       for g, k in zip(groups, shares))
+            extra = 2 * (r - 1) / r * job.model.total_params * 4 / (fewest if same else 1) / (
+                gbits / 8 * 1e9)
+            best = min(best, slowest + extra)
     return best, times
 
 
@@ -194,8 +243,8 @@ def test_the_single_pipeline_planned_by_the_search_gives_the_same_plan(tmp_path,
         monkeypatch.setattr(replicas, "SINGLE_PROBE", probe)
     job = load_job(_write(tmp_path, gbits=gbits, batch=batch))
     single = plan_job(job)
-    first = plan_replicas(job, single, options=ReplicaOptions(share_steps=8))
-    here = plan_replicas(job, None, options=ReplicaOptions(share_steps=8))
+    first = plan_replicas(job, single, options=ReplicaOptions(share_steps=8, time_limit_s=math.inf))
+    here = plan_replicas(job, None, options=ReplicaOptions(share_steps=8, time_limit_s=math.inf))
     assert here.iteration_time_s == first.iteration_time_s and here.shares == first.shares
     assert here.solver.optimal and first.solver.optimal
     assert here.partitions == first.partitions
@@ -270,7 +319,7 @@ def test_max_replicas_constraint(tmp_path, capsys):
     for limit, most in ((1, 1), (2, 2)):
         path = _write(tmp_path, extra=f"\n[constraints]\nmax_replicas = {limit}\n",
                       name=f"cap{limit}.toml")
-        assert main(["plan", str(path), "--json"]) == 0
+        assert main(["plan", str(path), "--json", "--replicas"]) == 0
         out = json.loads(capsys.readouterr().out)
         assert len(out.get("replicas", [None])) <= most
     path = _write(tmp_path, extra="\n[constraints]\nmax_replicas = 0\n", name="bad.toml")
@@ -279,7 +328,7 @@ def test_max_replicas_constraint(tmp_path, capsys):
 
 
 def test_cli_json_keeps_the_single_pipeline_keys(tmp_path, capsys):
-    path = _write(tmp_path, **THREE)
+    path = _write(tmp_path, **THREE, extra=REPLICAS)
     assert main(["plan", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["replicas"]) == 3
@@ -292,7 +341,7 @@ def test_cli_json_keeps_the_single_pipeline_keys(tmp_path, capsys):
 
 
 def test_export_of_replicas_is_refused_with_status_3(tmp_path, capsys):
-    path = _write(tmp_path, **THREE)
+    path = _write(tmp_path, **THREE, extra=REPLICAS)
     assert main(["plan", str(path), "--emit", "flagscale"]) == 3
     assert "3 pipeline replicas" in capsys.readouterr().err
     assert main(["plan", str(path), "--json"]) == 0
@@ -323,7 +372,7 @@ def test_share_dp_cpsat_and_brute_force_agree(unit, replicas, data):
     values = [max(t[b] for t, b in zip(times, v)) for v in vectors]
     finite = [x for x in values if math.isfinite(x)]
     dp = best_shares(times, batch, unit)
-    cp = solve_shares(times, batch)
+    cp = solve_shares(times, batch, work_limit=CPSAT_WORK)  # deterministic, no clock
     if not finite:
         assert dp is None and cp is None
         return
@@ -369,7 +418,10 @@ def test_allreduce_without_a_cluster_figure_uses_the_smallest_nic(mini):
     nic = min(n.nic_gbits for g in groups for i in g for n in i.nodes)
     expect = 2 * 2 / 3 * job.model.total_params * 4 / 8 / (nic / 8 * 1e9)
     assert allreduce_s(bare, groups) == pytest.approx(expect, rel=1e-12)
-    validate_replicated(replace(rp, job=bare, allreduce_s=allreduce_s(bare, groups),
+    # The three replicas' layouts differ: the whole gradient crosses the slowest link.
+    assert rp.exchange == "full-gradient all-reduce"
+    assert full_allreduce_s(bare, groups) == pytest.approx(expect * 8, rel=1e-12)
+    validate_replicated(replace(rp, job=bare, allreduce_s=full_allreduce_s(bare, groups),
                                 replicas=tuple(replace(r, plan=r.plan) for r in rp.replicas)), bare)
 
 

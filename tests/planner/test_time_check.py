@@ -145,8 +145,8 @@ def test_overlap_formulas_by_hand():
 
 
 def _halved_backward(real):
-    def layer_times(ti, cfg):
-        fwd, bwd = real(ti, cfg)
+    def layer_times(ti, cfg, share=1.0):
+        fwd, bwd = real(ti, cfg, share)
         return fwd, dataclasses.replace(bwd, compute=bwd.compute / 2)
     return layer_times
 

@@ -68,16 +68,17 @@ def test_the_floor_of_one_island_is_its_compute_floor_and_more_gpus_lower_it():
 
 def test_groups_that_cannot_cover_an_island_raise_its_floor():
     """The whole-cluster view of 7 H100 + 16 A100 nodes at n = 64 (micro-batch 8): groups of
-    2, 4 and 8 nodes admit a layout, so at most 22 of the 23 nodes work. With ``F`` the compute
-    floor of the largest group (8 nodes) the view's floor is ``((n − 1) · F · 8/22 + F) / n``:
-    the n − 1 micro-batches spread over 22 nodes, one on the largest group."""
+    2, 4, 8 and 16 nodes (16: with context parallelism, which FlagScale runs in one mesh) admit
+    a layout, so at most 22 of the 23 nodes work. With ``F`` the compute floor of the largest
+    group (16 nodes) the view's floor is ``((n − 1) · F · 16/22 + F) / n``: the n − 1
+    micro-batches spread over 22 nodes, one on the largest group."""
     job = load_job(INSTANCES / "jobs" / "odd-7h100-16a100-llama3-70b.toml")
     n, par = 64, AnalyticParallelizer(job.planner.features)
     _, whole = views(job, PlannerConfig(), n, par)
     (one,) = whole.islands.islands
-    assert len(one.nodes) == 23 and whole.cache.sizes(one.name, whole.features) == (2, 4, 8)
-    floor = compute_floor(job, whole.cache.group(one.name, 8), 8, par.calibration)
-    assert view_floor(whole) == pytest.approx(((n - 1) * floor * 8 / 22 + floor) / n)
+    assert len(one.nodes) == 23 and whole.cache.sizes(one.name, whole.features) == (2, 4, 8, 16)
+    floor = compute_floor(job, whole.cache.group(one.name, 16), 16, par.calibration)
+    assert view_floor(whole) == pytest.approx(((n - 1) * floor * 16 / 22 + floor) / n)
     # All 23 nodes at the same rates would give a lower floor: the packing is what raised it.
     assert view_floor(whole) > pipeline_floor(job, [whole.cache.group(one.name, 23)], n,
                                               par.calibration)
@@ -164,15 +165,16 @@ def test_no_configuration_beats_the_compute_floor_of_its_group(floor_jobs, data)
 def _h100_layer_by_hand(h, ffn, up, seq):
     """GPU-seconds per token of one layer on H100 (989 TFLOP/s, 3.35 TB/s, ceiling 0.803, its
     fitted half point 0.012 balances), each GEMM at the cost model's efficiency for unlimited
-    rows and the layer's full width, ``0.75 · 0.803 · ξ / (ξ + 0.012 · 989/3.35)`` with
-    ``ξ = 1 / (1/cols + 1/inner)`` (no GQA: q = kv = h; 0.75 the in-training fraction; the
+    rows and the layer's full width, ``0.621 · 0.803 · ξ / (ξ + 0.012 · 989/3.35)`` with
+    ``ξ = 1 / (1/cols + 1/inner)`` (no GQA: q = kv = h; 0.621 Hopper's in-training fraction,
+    the catalog's ``gemm_in_training`` for H100; the
     fixed cost per kernel left out), the memory-bound operators (20.16 bytes per hidden
     element) at 80% of HBM bandwidth, fused attention at 2 · 0.58."""
     peak, bw = 989e12, 3.35e12
 
     def seconds(flops, cols, inner):
         xi = 1 / (1 / cols + 1 / inner)
-        return flops / (peak * 0.75 * 0.803 * xi / (xi + 0.012 * peak / bw))
+        return flops / (peak * 0.621 * 0.803 * xi / (xi + 0.012 * peak / bw))
 
     gemm = 3 * (seconds(2 * h * 3 * h, 3 * h, h) + seconds(2 * h * h, h, h)
                 + seconds(2 * h * up * ffn, up * ffn, h) + seconds(2 * ffn * h, h, ffn))

@@ -35,6 +35,18 @@ def spans(result, stage, kind):
     return [(e.micro, e.start, e.end) for e in result.events if e.stage == stage and e.kind is kind]
 
 
+def megatron_peaks(p: int, n: int, v: int = 1) -> tuple[int, ...]:
+    """Most units (micro-batches, or chunks of one with ``v`` virtual stages) each stage holds,
+    by Megatron-Core's own count (NVIDIA/Megatron-LM, megatron/core/pipeline_parallel/
+    schedules.py, ``get_pp_rank_microbatches`` and ``forward_backward_pipelining_without_
+    interleaving``, commit d98e8a6): rank ``i`` runs ``w_i`` warm-up forwards, ``P − i − 1``
+    without interleaving and ``2 (P − i − 1) + (v − 1) · P`` with it (micro-batch groups of
+    ``P``), capped at all ``n · v`` units; its first backward follows one more forward
+    (``max_outstanding_backprops = w_i + 1``), so it holds ``min(w_i + 1, n · v)``."""
+    warm = [p - i - 1 if v == 1 else 2 * (p - i - 1) + (v - 1) * p for i in range(p)]
+    return tuple(min(w + 1, n * v) for w in warm)
+
+
 # --- where the closed form is exact ------------------------------------------------------------
 
 @pytest.mark.parametrize("taus, ratio, n", [((3, 6), 1 / 3, 4), ((6, 3, 9, 3), 0.5, 5),
@@ -79,7 +91,9 @@ def test_gpipe_is_two_flow_shops(f, data, n, transfers, duplex):
 def test_1f1b_equal_stages_no_links_is_eq5(p, n):
     # Each stage holds P − i micro-batches, exactly the round trip: T = (n + P − 1)·(f + b).
     s = spec([1.0] * p, [2.0] * p, n=n)
-    assert simulate(s).makespan_s == pytest.approx((n + p - 1) * 3.0) == closed_form(s)
+    r = simulate(s)
+    assert r.makespan_s == pytest.approx((n + p - 1) * 3.0) == closed_form(s)
+    assert r.peak_in_flight == megatron_peaks(p, n) == tuple(min(p - i, n) for i in range(p))
 
 
 @settings(max_examples=80, deadline=None)
@@ -107,6 +121,7 @@ def test_1f1b_bottleneck_first_hides_fill_and_drain():
     s = spec([2, 1], [4, 2], n=3)
     r = simulate(s)
     assert r.makespan_s == 19.0 and closed_form(s) == 21.0
+    assert r.peak_in_flight == (2, 1)  # s0 holds F0, F1 until B0 ends at 9; s1 one at a time
     assert spans(r, 0, EventKind.BACKWARD) == [(0, 5.0, 9.0), (1, 11.0, 15.0), (2, 15.0, 19.0)]
     assert r.idle_s == (1.0, 10.0)   # 19 − 18 and 19 − 9
 
@@ -127,6 +142,7 @@ def test_1f1b_links_stall_the_first_stage():
     assert spans(r, 0, EventKind.BACKWARD) == [(0, 6.0, 8.0), (1, 9.0, 11.0), (2, 14.0, 16.0),
                                                (3, 17.0, 19.0)]
     assert r.link_busy_s == (8.0,)   # 4 micro-batches × (1 + 1)
+    assert r.peak_in_flight == (2, 1)  # the stall keeps the limit: F2 waits for B0 on s0
 
 
 def test_blocking_sends_occupy_the_sender():
@@ -150,6 +166,23 @@ def test_interleaved_equal_stages_bubble_shrinks_by_v(p, n, v):
     # Narayanan et al. (SC'21): the bubble of the interleaved schedule is (P − 1)·τ / v.
     r = simulate(spec([1.0] * p, [2.0] * p, n=n, schedule=INTERLEAVED, virtual_stages=v))
     assert r.makespan_s == pytest.approx(n * 3.0 + (p - 1) * 3.0 / v)
+    assert r.peak_in_flight == megatron_peaks(p, n, v)  # beside the makespan: the warm-up
+
+
+@pytest.mark.parametrize("p, v", [(2, 2), (2, 3), (3, 2), (4, 2), (4, 3)])
+@pytest.mark.parametrize("groups", [1, 2, 3])
+def test_interleaved_peak_in_flight_per_stage_is_megatrons(p, v, groups):
+    """Every stage, unequal stages and links, ``n`` from ``P`` (every unit in the warm-up) to
+    ``3 P``: each stage's peak is Megatron-Core's warm-up plus one (:func:`megatron_peaks`),
+    and the makespan is at least the busiest stage's work and at most the closed form of
+    ``solver.planner.plan.interleaved_cycle_time`` (checked there) without links."""
+    n = groups * p
+    fwd = [1.0 + 0.5 * (i % 2) for i in range(p)]
+    s = spec(fwd, [2 * f for f in fwd], [0.3] * (p - 1), n=n, schedule=INTERLEAVED,
+             virtual_stages=v)
+    r = simulate(s)
+    assert r.peak_in_flight == megatron_peaks(p, n, v)
+    assert r.makespan_s >= max(n * 3 * f for f in fwd) - 1e-9
 
 
 @pytest.mark.parametrize("p, v", [(2, 2), (4, 2), (4, 4), (3, 2)])
@@ -171,7 +204,10 @@ def test_1f1b_peak_in_flight_is_min_p_minus_i_n(p, n):
 
 
 def test_gpipe_holds_every_micro_batch():
-    assert simulate(spec([1, 2, 1], [2, 4, 2], n=5, schedule=GPIPE)).peak_in_flight == (5, 5, 5)
+    r = simulate(spec([1, 2, 1], [2, 4, 2], n=5, schedule=GPIPE))
+    assert r.peak_in_flight == (5, 5, 5)
+    # Beside it the makespan, two flow shops: Σf + Σb + (n − 1)(max f + max b) = 4 + 8 + 4·6.
+    assert r.makespan_s == pytest.approx(36.0)
 
 
 # --- structure ----------------------------------------------------------------------------------

@@ -154,7 +154,7 @@ def test_plan_validate_property_realistic(tmp_path, catalog, models):
                               Scale.REALISTIC) >= MIN_FEASIBLE
 
 
-SAFE_JOBS = 12
+SAFE_JOBS = 6  # the default run; the slow test takes the next 66
 
 
 def test_provably_safe_rules_never_drop_the_optimum(tmp_path, catalog, models):
@@ -166,7 +166,7 @@ def test_provably_safe_rules_never_drop_the_optimum(tmp_path, catalog, models):
 
 @pytest.mark.slow
 def test_provably_safe_rules_never_drop_the_optimum_many(tmp_path, catalog, models):
-    _safe_equals_unpruned(range(SAFE_JOBS, 6 * SAFE_JOBS), tmp_path, catalog, models)
+    _safe_equals_unpruned(range(SAFE_JOBS, 72), tmp_path, catalog, models)
 
 
 def _safe_equals_unpruned(seeds, tmp_path, catalog, models) -> None:
@@ -188,24 +188,23 @@ def _safe_equals_unpruned(seeds, tmp_path, catalog, models) -> None:
     assert compared >= len(seeds) // 2
 
 
-def test_the_papers_heuristic_rules_can_drop_the_optimum_and_the_plan_says_so(tmp_path, catalog,
-                                                                            models, capsys):
-    """Generated job 149 (Llama 2 13B on one H100 node and two A100 nodes): the optimum runs 36
-    layers on the H100 and the last 4 on the A100s, but rule 2's window for the A100 island
-    is [8, 31] layers (β = 2 around its compute share of 15.5), so under the paper's rules the
-    plan is the H100 alone, 3.3% slower. The plan says its proof holds over what rules 2 and 4
-    kept; ``[planner] pruning = "safe"`` finds the optimum of every plan, and says so plainly."""
+def test_the_papers_heuristic_rules_never_beat_every_plan_and_the_plan_says_so(tmp_path, catalog,
+                                                                               models, capsys):
+    """Generated job 149: the paper's rules prune a subset of every plan, so their plan is never
+    faster than the unpruned optimum, and the plan says that its proof covers only what rules 2
+    and 4 kept; ``[planner] pruning = "safe"`` finds the unpruned optimum and says so plainly.
+    (Under the cost model of 2026-12-06 the rules dropped this job's optimum by 3.3%; with the
+    fitted Hopper GEMM fraction and the new catalog entries they no longer do, and a search over
+    generated seeds found no other drop: `tangram verify` is how a user checks a job.)"""
     gen = generate(GenOptions(149, scale=Scale.SMALL), catalog, models)
     path = write_job(gen, tmp_path / "paper.toml")
     job = load_job(path, catalog)
     paper, every = plan_job(job), plan_job(job, PlannerConfig(rules=Rule.NONE))
     assert paper.solver.heuristic_pruning and paper.solver.optimal
-    assert paper.iteration_time_s > every.iteration_time_s * 1.03
-    assert [(s.island.gpu.name, s.start, s.end) for s in paper.stages] == [
-        ("H100-SXM-80GB", 0, 40)]
+    assert paper.iteration_time_s >= every.iteration_time_s * (1 - 1e-12)
     assert main(["plan", str(path)]) == 0
-    assert "proven optimal over the candidates heuristic rules 2 and 4 kept" in \
-        capsys.readouterr().out
+    assert "proven optimal over the candidates that the heuristic rules 2 and 4 kept " \
+        "(pruning = \"paper\"" in capsys.readouterr().out
     safe_path = tmp_path / "safe.toml"
     safe_path.write_text(path.read_text() + '\n[planner]\npruning = "safe"\n')
     safe = plan_job(load_job(safe_path, catalog))

@@ -22,11 +22,15 @@ from solver.studies.previous import previous_plan, read_previous
 from solver.studies.replan import ClusterChange, replan
 
 # Llama 2 7B on one H200, two H100 and one A100 nodes: with a fast inter-island network the
-# plan is two replicas (checked below), and losing an H100 node changes the best partition.
+# plan is three replicas (checked below), and losing an H100 node changes the best partition
+# (two replicas). The replica search is asked for; their layouts differ, so the exchange is the
+# full-gradient all-reduce over one link per replica, hence the link of 4000 Gb/s.
 JOB = """model = "llama2-7b"
+[planner]
+replicas = true
 [cluster]
 name = "mini4"
-inter_island_gbits = 400.0
+inter_island_gbits = 4000.0
 [[cluster.nodes]]
 gpu = "H200-SXM-141GB"
 count = 1
@@ -76,9 +80,9 @@ def planned(tmp_path_factory):
     return tmp, path, job, rp, payload
 
 
-def test_the_previous_plan_has_two_replicas(planned):
+def test_the_previous_plan_has_three_replicas(planned):
     *_, rp, payload = planned
-    assert len(rp.replicas) == 2 and len(payload["replicas"]) == 2
+    assert len(rp.replicas) == 3 and len(payload["replicas"]) == 3
 
 
 def test_a_replicated_plan_is_read_back_exactly(planned):
@@ -88,7 +92,7 @@ def test_a_replicated_plan_is_read_back_exactly(planned):
     assert back.shares == rp.shares and _layout(back) == _layout(rp)
     assert back.iteration_time_s == pytest.approx(rp.iteration_time_s, rel=1e-9)
     assert back.allreduce_s == rp.allreduce_s
-    with pytest.raises(InputError, match="replicas: the plan has 2 pipeline replicas"):
+    with pytest.raises(InputError, match="replicas: the plan has 3 pipeline replicas"):
         previous_plan(payload, job, "plan.json")  # the single-pipeline reader says why not
 
 
@@ -128,26 +132,36 @@ def test_cli_replan_of_replicas(planned, capsys):
             "--cache", str(tmp / "c"), "--workers", "1"]
     assert main(argv + ["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["previous_pipelines"] == 2 and out["pipelines"] == len(out["plan"]["replicas"])
+    assert out["previous_pipelines"] == 3 and out["pipelines"] == len(out["plan"]["replicas"])
     assert out["replica_search_calls"] > 0
     assert 64 * 2048 / out["plan"]["objective"]["iteration_time_s"] == pytest.approx(
         out["tokens_per_s"], rel=1e-6)
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert f"2 -> {out['pipelines']} pipeline replicas" in text and "replica search" in text
+    assert f"3 -> {out['pipelines']} pipeline replicas" in text and "replica search" in text
 
 
 def _move_stage(d):
-    """The first stage of replica 0 claimed by replica 1 (so replica 0 does not start at layer
-    0, and replica 1 has a stage on an island that is not its own)."""
+    """The first stage of replica 0 claimed by replica 1 (every replica here is one stage:
+    replica 0 is left with none)."""
     d["stages"][0]["replica"] = 1
+
+
+def _swap_stages(d):
+    """Replica 0's stage and replica 1's swapped: each has a stage on an island that is not its
+    own (unknown to the job of its islands)."""
+    first = {}
+    for s in d["stages"]:
+        first.setdefault(s["replica"], s)
+    first[0]["replica"], first[1]["replica"] = 1, 0
 
 
 @pytest.mark.parametrize("edit, needle", [
     (lambda d: d["replicas"][0].update(islands=["nowhere"]), "replicas[0].islands"),
     (lambda d: d["stages"][0].update(replica=7), "stages[0].replica"),
     (lambda d: d["stages"][0].pop("replica"), "stages[0].replica"),
-    (_move_stage, "stages: replica "),
+    (_move_stage, "replicas[0].stages: no stage of the plan has replica = 0"),
+    (_swap_stages, "island: unknown island"),
     (lambda d: d["replicas"][1].update(iteration_time_s=d["replicas"][1]["iteration_time_s"] * 2),
      "replicas[1].iteration_time_s"),
     (lambda d: d["objective"].update(iteration_time_s=d["objective"]["iteration_time_s"] * 1.1),

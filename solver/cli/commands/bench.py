@@ -7,6 +7,7 @@ terminal; Ctrl-C prints the rows finished so far and exits with status 130.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import os
 import sys
 
@@ -43,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replicas", action="store_true",
                    help="also search pipeline replicas across islands (columns R, shares, "
                         "tokens/s R)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, own_progress=True)
 
 
 def parse_solvers(text: str | None) -> tuple[SolverKind, ...]:
@@ -99,9 +100,11 @@ def _emit(rows: list[BenchRow], options: BenchOptions, args: argparse.Namespace,
             payload["interrupted"] = True
         emit_json(payload, args)
         return
+    if any(r.replicas is not None for r in rows):  # a job asked for them: show the columns
+        options = replace(options, replicas=True)
     print(render_table([text_row(r, options) for r in rows]))
-    print("calls: parallelizer calls with rules 1-4 / without pruning (Rule.NONE, counted "
-          "without planning)")
+    print("calls: parallelizer calls with rules 1-4 / without pruning (rules: none; "
+          "counted without planning)")
     if options.baselines:
         print("oblivious, restricted, tangram: throughput relative to the oblivious baseline "
               "(Figure 7; 'infeas.' = no feasible plan)")
@@ -143,7 +146,8 @@ def _agree_cell(row) -> str:
 
 
 def solver_cell(s: SolverRun) -> str:
-    """``18.121 s opt (0.01 s)``; limits show bound and gap."""
+    """``18.121 s opt (0.01 s)``; a solver its limit stopped shows what it proved (bound,
+    gap), or that it proved none."""
     if s.objective_s is None:
         return f"{s.status.value} ({s.time_s:.2f} s)"
     text = f"{s.objective_s:.6f} s"
@@ -151,9 +155,9 @@ def solver_cell(s: SolverRun) -> str:
         return f"{text} opt ({s.time_s:.2f} s)"
     if s.status is SolverStatus.UNPROVEN:
         return f"{text} unproven: ran past a time limit ({s.time_s:.2f} s)"
-    bound = "?" if s.bound is None else f"{s.bound:.6f}"
-    gap = "?" if s.gap is None else f"{s.gap:.2%}"
-    return f"{text} LIMIT bound {bound} gap {gap} ({s.time_s:.2f} s)"
+    proved = ", ".join(p for p in (f"bound {s.bound:.6f}" if s.bound is not None else "",
+                                   f"gap {s.gap:.2%}" if s.gap is not None else "") if p)
+    return f"{text} LIMIT {proved or 'no bound proven'} ({s.time_s:.2f} s)"
 
 
 def _txt(v) -> str:

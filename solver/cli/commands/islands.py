@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from solver.cli.report import emit_json, island_rows, islands_json, render_table
+from solver.cli.report import (SHOWN_DEFAULTS, emit_json, gpu_rows, gpu_types, island_rows,
+                               islands_json, render_table)
 from solver.islands import IslandSet, Thresholds, build_islands
-from solver.spec.domain import ClusterSpec
+from solver.spec.catalog import defaults_text
+from solver.spec.domain import ClusterSpec, GPUSpec
 from solver.spec.errors import InputError
 from solver.spec.fields import read_toml
 from solver.spec.loaders import INSTANCES, load_catalog, load_cluster, load_job
@@ -39,6 +41,16 @@ def load_cluster_or_job(target: str) -> tuple[ClusterSpec, Thresholds]:
     return load_cluster(path, load_catalog()), Thresholds()
 
 
+def gpu_lines(gpus: list[GPUSpec]) -> list[str]:
+    """The GPU types' figures, and the defaults the starred ones took."""
+    taken = [k for k in SHOWN_DEFAULTS if any(k in g.defaults for g in gpus)]
+    lines = ["", "GPU types:", render_table(gpu_rows(gpus))]
+    if taken:
+        lines.append(f"*: not in the GPU's catalog entry, so the default "
+                     f"({defaults_text(taken)})")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the islands (and merges) of the target."""
     cluster, th = load_cluster_or_job(args.target)
@@ -56,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     print(render_table(island_rows(result.islands)))
     for m in result.merges:
         print(f"merged {' + '.join(m.members)} -> {m.into} (loss {m.loss:.1%})")
+    print("\n".join(gpu_lines(gpu_types(result.islands))))
     if args.exact:
         e = payload["exact"]
         print(f"CP-SAT merge: {e['islands']} islands, compute loss {e['loss']:.2%}, "

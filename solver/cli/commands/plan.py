@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 
-from solver.cli.report import (emit_json, idle_lines, island_json, island_rows, render_table,
-                               stage_rows)
+from solver.cli.report import (emit_json, idle_lines, island_json, island_rows, job_json,
+                               render_table, stage_rows)
 from solver.planner.baselines import Baseline, plan_baseline
+from solver.planner.notices import plan_warnings
 from solver.planner.plan import Plan, plan_json
 from solver.planner.replica_plan import ReplicatedPlan, replicated_json
-from solver.planner.replicas import ReplicaOptions, plan_replicas, replica_search_runs
+from solver.planner.replicas import (ReplicaOptions, plan_replicas, replica_search_runs,
+                                     why_no_replica_search)
 from solver.planner.search import PlannerConfig
 from solver.spec.domain import FeaturePreset, JobSpec, SolverKind
 from solver.spec.errors import InputError
@@ -38,14 +41,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--explain", action="store_true",
                    help="also show per stage: parameters, FLOPs per micro-batch, memory by part")
     p.add_argument("--emit", choices=("flagscale", "megatron"),
-                   help="print the plan as FlagScale YAML or Megatron-LM arguments instead")
-    p.add_argument("-o", "--output", metavar="FILE", help="with --emit: write to FILE")
+                   help="print the plan as FlagScale YAML or a Megatron-LM launch instead "
+                        "(with --json: the plan's JSON holds it under \"export\")")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="with --emit: write to FILE (flagscale: and its hostfile beside it, "
+                        "FILE with the suffix .hostfile)")
     add_replica_flags(p)
     p.set_defaults(func=run)
 
 
 def add_replica_flags(p: argparse.ArgumentParser) -> None:
-    """``--replica-time-limit`` and ``--workers`` (``plan`` and ``replan``)."""
+    """``--replicas``, ``--replica-time-limit`` and ``--workers`` (``plan`` and ``replan``)."""
+    p.add_argument("--replicas", action="store_true",
+                   help="also search plans of several pipeline replicas across islands, as "
+                        "[planner] replicas = true does (a research option: the plan says "
+                        "which runtime could train it)")
     p.add_argument("--replica-time-limit", type=float, metavar="S",
                    help="time limit of the search over pipeline replicas across islands "
                         "(default 60 s; the plan says when it stops before a proof)")
@@ -100,6 +110,8 @@ def plan_and_replicas(args: argparse.Namespace) -> tuple[Plan, ReplicatedPlan | 
     plans the single pipeline itself, bounded by its first replicas (the same plan, found
     sooner); the plan returned is then the winning replica's when one replica wins."""
     job = load_job(args.job)
+    if getattr(args, "replicas", False):
+        job = replace(job, planner=replace(job.planner, replicas=True))
     if args.baseline or not replica_search_runs(job):
         return make_plan(args, job), None
     config, options = planner_config(args), replica_options(args)
@@ -112,12 +124,15 @@ def plan_and_replicas(args: argparse.Namespace) -> tuple[Plan, ReplicatedPlan | 
 
 def run(args: argparse.Namespace) -> int:
     """Print the plan."""
+    if args.output and not args.emit:
+        raise InputError("<cli>", "-o", "writes the export: give --emit flagscale|megatron")
     plan, rp = plan_and_replicas(args)
     if rp is not None and len(rp.replicas) > 1:
         from solver.cli.replicated import run_replicated
         return run_replicated(args, rp)
-    if args.emit:
-        from solver.cli.commands.export import emit
+    if args.emit and not args.json:
+        from solver.cli.commands.export import emit, text_alone
+        text_alone(args)
         return emit(plan, args.emit, args.output)
     extra = {}
     if args.simulate or args.plot:
@@ -134,8 +149,15 @@ def run(args: argparse.Namespace) -> int:
         extra["explain"] = [dataclasses.asdict(r) for r in reports]
     if args.json:
         islands = [island_json(i) for i in plan.islands.islands]
-        payload = plan_json(plan, islands) if rp is None else replicated_json(rp, islands)
-        payload.update(extra)
+        payload = plan_json(plan, islands) if args.baseline else \
+            replicated_json(rp or as_one_replica(plan), islands)
+        payload.update(extra, job=job_json(plan.job))
+        if args.emit:  # the export beside the plan, or one line why not (exit 3)
+            from solver.cli.commands.export import export_json
+            export = export_json(plan, args.emit, args.output)
+            if export is None:
+                return 3
+            payload["export"] = export
         emit_json(payload, args)
         return 0
     print(render_plan(plan))
@@ -148,6 +170,14 @@ def run(args: argparse.Namespace) -> int:
     for key, value in extra.items():
         print(f"{key}: {value}")
     return 0
+
+
+def as_one_replica(plan: Plan) -> ReplicatedPlan:
+    """A plan made without the replica search, as one replica: ``--json`` keeps the replica
+    keys (``replicas``, ``allreduce_s``, ``runtime``, ``replica_search``) with one pipeline's
+    values."""
+    return ReplicatedPlan.single(plan, plan.solver, why_no_replica_search(plan.job),
+                                 searched=False)
 
 
 def render_explain(reports: list) -> str:
@@ -170,6 +200,8 @@ def render_plan(plan: Plan) -> str:
              render_table(island_rows(plan.islands.islands)), "", "stages:"]
     lines.append(render_table(stage_rows(plan)))
     lines += idle_lines(plan.idle)
+    warns = [f"warning: {w}" for w in plan_warnings(plan)]
+    lines += ([""] if warns and not plan.idle else []) + warns
     if plan.view != "islands":
         lines += ["", f"view: the {plan.view} as one island at its weakest node's figures "
                       "(a heterogeneity-oblivious plan) beats every plan over the islands"]

@@ -8,12 +8,14 @@ does; prints the new plan with the throughput change and the re-planning time.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
-from solver.cli.commands.plan import add_replica_flags, render_plan, replica_options
+from solver.cli.commands.plan import (as_one_replica, add_replica_flags, render_plan,
+                                      replica_options)
 from solver.cli.replicated import render_replicated
 from solver.cli.report import emit_json, island_json
 from solver.cost.parallelizer import AnalyticParallelizer
-from solver.planner.plan import Plan, plan_json
+from solver.planner.plan import Plan
 from solver.planner.replica_plan import replicated_json
 from solver.planner.plancache import CachingParallelizer, open_store
 from solver.spec.fields import read_json
@@ -41,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     """Re-plan and print."""
     catalog = load_catalog()
     job = load_job(args.job, catalog)
+    if args.replicas:  # as [planner] replicas = true
+        job = replace(job, planner=replace(job.planner, replicas=True))
     added = load_added_nodes(args.add, catalog) if args.add else None
     par = CachingParallelizer(AnalyticParallelizer(job.planner.features), open_store(args.cache))
     change = ClusterChange(tuple(args.fail), added, args.add or "<nodes>")
@@ -60,8 +64,7 @@ def replan_json(r: Replanned) -> dict:
     several = _replicas(r.plan) > 1  # as tangram plan: the replicas' islands, else the plan's
     islands = [island_json(i) for i in (r.replicas.islands if several else
                                         r.single.islands.islands)]
-    plan = plan_json(r.single, islands) if r.replicas is None else \
-        replicated_json(r.replicas, islands)
+    plan = replicated_json(r.replicas or as_one_replica(r.single), islands)
     return {"plan": plan, "previous_tokens_per_s": round(r.previous.tokens_per_s, 3),
             "tokens_per_s": round(r.plan.tokens_per_s, 3), "change": round(r.change, 6),
             "replan_time_s": round(r.time_s, 4), "parallelizer_calls": r.parallelizer_calls,

@@ -54,13 +54,20 @@ def parse_n_micro(text: str, job: JobSpec) -> list[int]:
     try:
         if ".." in text:
             lo, hi = (int(x) for x in text.split("..", 1))
-            ns = candidate_n_micro(job, lo, hi) if 1 <= lo <= hi else []
+            values = None
         else:
-            ns = sorted({int(x) for x in text.split(",")})
+            values = sorted({int(x) for x in text.split(",")})
+            lo, hi = values[0], values[-1]
     except ValueError:
         raise InputError("<cli>", "--n-micro", f"expected A..B or a comma list of integers, "
                                                f"got {text!r}") from None
-    bad = [n for n in ns if n < 1 or b % n]
+    if lo < 1:
+        raise InputError("<cli>", "--n-micro", f"n_micro counts micro-batches, so it is at "
+                                               f"least 1 (got {lo} in {text!r})")
+    if lo > hi:
+        raise InputError("<cli>", "--n-micro", f"empty range {text!r} (A..B needs A <= B)")
+    ns = candidate_n_micro(job, lo, hi) if values is None else values
+    bad = [n for n in ns if b % n]
     if bad or not ns:
         raise InputError("<cli>", "--n-micro", f"no n in {text!r} divides global_batch {b}"
                          if not ns else f"{bad[0]} does not divide global_batch {b}")

@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="check that pruning keeps the optimum; cross-check solvers")
     p.add_argument("job", metavar="JOB", help="job TOML file")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, own_progress=True)
 
 
 def _n_micro(job) -> int:
@@ -79,12 +79,15 @@ def run(args: argparse.Namespace, console=None) -> int:
 
 
 def _solver_txt(kind: str, objective, status: dict) -> str:
-    """``cpsat 2.997662`` or, for a solver stopped by its limit, its proved bound and gap."""
+    """``cpsat 2.997662`` or, for a solver its time limit stopped, the plan it had and what it
+    proved: its bound and gap where it has them, else that it proved none."""
     if status["proven"]:
         return f"{kind} {_txt(objective)}"
-    bound = "-" if status["bound_s"] is None else f"{status['bound_s']:.6f}"
-    gap = "-" if status["gap"] is None else f"{status['gap']:.1%}"
-    return f"{kind} not proven (time limit; bound {bound}, gap {gap})"
+    proved = [f"bound {status['bound_s']:.6f} s" if status["bound_s"] is not None else "",
+              f"gap {status['gap']:.1%}" if status["gap"] is not None else ""]
+    what = ", ".join(p for p in proved if p) or "no bound proven, so no gap"
+    found = "no plan found" if objective is None else f"{_txt(objective)}"
+    return f"{kind} {found}, not proven optimal (time limit; {what})"
 
 
 def _text_rows(unpruned, rows) -> list[dict]:

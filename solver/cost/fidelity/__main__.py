@@ -1,0 +1,67 @@
+"""``python -m solver.cost.fidelity``: the development-set report (see the package docstring).
+
+Exit status 0, or 2 with one ``error: <file>: <key>: <what>`` line on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from solver.cost.fidelity.evaluate import RowResult, Summary, evaluate_row, summarize
+from solver.cost.fidelity.rows import DEV_SET, load_rows
+from solver.spec.errors import InputError
+from solver.spec.loaders import load_catalog
+
+
+def _table(results: list[RowResult]) -> list[str]:
+    head = (f"{'id':38} {'measured s':>11} {'predicted s':>11} {'ratio':>6} {'mem GB':>7} "
+            f"{'fits':>4}  priced as / refused")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        if r.refused:
+            lines.append(f"{r.id:38} {r.measured_s:11.3f} {'-':>11} {'-':>6} {'-':>7} "
+                         f"{'-':>4}  refused: {r.refused}")
+            continue
+        lines.append(f"{r.id:38} {r.measured_s:11.3f} {r.predicted_s:11.3f} {r.ratio:6.3f} "
+                     f"{r.memory_gb:7.1f} {'yes' if r.fits else 'NO':>4}  {r.priced_as}")
+    return lines
+
+
+def _summary(s: Summary) -> list[str]:
+    lines = [f"rows {s.rows}, evaluated {s.evaluated}, refused {len(s.refused)}",
+             f"median |error| {100 * s.median_abs_error:.1f}%, within ±15% "
+             f"{100 * s.within_15:.0f}%, worst {s.worst_id} {100 * s.worst_abs_error:.1f}%",
+             f"predicted not to fit: {', '.join(s.not_fitting) or 'none'}"]
+    lines += [f"refused {i}: {reason}" for i, reason in s.refused]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the report; the exit status."""
+    ap = argparse.ArgumentParser(prog="python -m solver.cost.fidelity",
+                                 description="cost model against published measured runs")
+    ap.add_argument("--json", action="store_true", help="one JSON object: rows and summary")
+    ap.add_argument("--csv", default=str(DEV_SET), help="rows in the development-set format")
+    ap.add_argument("--epsilon", type=float, default=0.1,
+                    help="memory margin, as tangram estimate's (default 0.1)")
+    args = ap.parse_args(argv)
+    try:
+        catalog = load_catalog()
+        results = [evaluate_row(r, catalog, args.epsilon) for r in load_rows(args.csv)]
+    except InputError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    summary = summarize(results)
+    if args.json:
+        json.dump({"rows": [r.to_json() for r in results], "summary": summary.to_json()},
+                  sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write("\n".join(_table(results) + [""] + _summary(summary)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -181,12 +181,17 @@ def test_solvers_give_identical_plans(tmp_path, capsys):
     assert payloads[0] == payloads[1] == payloads[2]
 
 
-def test_ctrl_c_during_verify_prints_finished_rows(monkeypatch, capsys):
+def test_ctrl_c_during_verify_prints_finished_rows(monkeypatch, capsys, tmp_path):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(verify_cmd, "cross_check", interrupted)
-    code = main(["verify", str(INSTANCES / "jobs" / "h100-sxm-nvl-llama2-13b.toml")])
+    job = tmp_path / "two-nodes.toml"  # small enough that every rule set plans in a second
+    job.write_text('model = "llama2-7b"\n[cluster]\nname = "two"\n'
+                   '[[cluster.nodes]]\ngpu = "H100-SXM-80GB"\ncount = 1\nname = "h"\n'
+                   '[[cluster.nodes]]\ngpu = "A100-SXM-80GB"\ncount = 1\nname = "a"\n'
+                   '[training]\nglobal_batch = 64\nseq_len = 2048\nn_micro = 8\n')
+    code = main(["verify", str(job)])
     captured = capsys.readouterr()
     assert code == 130
     assert "none (unpruned)" in captured.out and "1,2s,3,4s" in captured.out

@@ -154,7 +154,7 @@ def test_plan_validate_property_realistic(tmp_path, catalog, models):
                               Scale.REALISTIC) >= MIN_FEASIBLE
 
 
-SAFE_JOBS = 6  # the default run; the slow test takes the next 66
+SAFE_JOBS = 4  # the default run; the slow test takes the next 68
 
 
 def test_provably_safe_rules_never_drop_the_optimum(tmp_path, catalog, models):

@@ -256,7 +256,8 @@ def test_the_single_pipeline_planned_by_the_search_gives_the_same_plan(tmp_path,
             plan_job(job, upper=here.iteration_time_s)
 
 
-@pytest.mark.parametrize("solver,bounded", [("dp", True), ("milp", False)])
+@pytest.mark.parametrize("solver,bounded", [("dp", True),
+                                             pytest.param("milp", False, marks=pytest.mark.slow)])
 def test_only_the_dp_plans_the_single_pipeline_bounded(tmp_path, monkeypatch, solver, bounded):
     # CP-SAT and MILP may stop at a limit, so "nothing under the bound" is no proof there:
     # their single pipeline is planned first, unbounded.

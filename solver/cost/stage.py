@@ -201,3 +201,49 @@ def recomputed_layers(cfg: ConfigArrays, layers: np.ndarray) -> np.ndarray:
     layers = np.asarray(layers)
     full = np.asarray(cfg.recompute) == RECOMPUTE_CODES.index(Recompute.FULL)
     return np.where(full, np.where(k > 0, np.minimum(k, layers), layers), 0)
+
+
+def substage_layers(layers: int, pp: int) -> np.ndarray:
+    """Layers of each of the ``pp`` sub-stages: as even as possible, extra layers going to the
+    middle sub-stages first, then to the first; the last (LM head) never gets one."""
+    base, rem = divmod(layers, pp)
+    out = np.full(pp, base)
+    middle_extra = min(rem, max(pp - 2, 0))
+    out[1:1 + middle_extra] += 1
+    out[0] += rem - middle_extra
+    return out
+
+
+def _middle_split(layers: int, pp: np.ndarray):
+    """``(pp, base, rem, middle_extra)`` of :func:`substage_layers`, vectorized: every sub-stage
+    gets ``base`` layers, the first ``middle_extra`` middle ones one more, the first the rest."""
+    pp = np.asarray(pp)
+    base, rem = np.divmod(layers, pp)
+    return pp, base, rem, np.minimum(rem, np.maximum(pp - 2, 0))
+
+
+def split_layers(layers: int, pp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Layers of the first, second and last sub-stage (vectorized :func:`substage_layers`).
+
+    With ``pp == 1`` all three are ``layers``; the second sub-stage holds the most layers among
+    the middle ones and the most activations, so it bounds their latency and memory (the
+    lighter middle kind, :func:`light_middle`, is weighed for the sync).
+    """
+    pp, base, rem, middle_extra = _middle_split(layers, pp)
+    first = base + (rem - middle_extra)
+    second = np.where(pp >= 3, base + (middle_extra > 0), first)
+    return np.where(pp == 1, layers, first), second, np.where(pp == 1, layers, base)
+
+
+def light_middle(layers: int, pp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The first middle sub-stage without an extra layer: its layers, its index, and whether
+    it exists (some middle sub-stages got an extra layer and some did not).
+
+    Middle sub-stages come in at most these two kinds (:func:`substage_layers`). Latency and
+    memory grow with layers and position, so the second sub-stage bounds them; the exposed
+    gradient sync does not (a sub-stage whose gradients fit one bucket hides none of it), so
+    the lighter kind is weighed too.
+    """
+    pp, base, _, middle_extra = _middle_split(layers, pp)
+    exists = (pp >= 3) & (middle_extra > 0) & (pp - 2 > middle_extra)
+    return base, 1 + middle_extra, exists

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solver.cost.runtime_rules import vendor_problem
-from solver.cost.stage_costs import substage_layers
+from solver.cost.stage import substage_layers
 from solver.launch.errors import NotExpressible
 from solver.launch.model_flags import model_flags
 from solver.planner.plan import Plan

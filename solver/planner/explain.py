@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solver.cost.stage_costs import substage_layers
+from solver.cost.stage import substage_layers
 from solver.planner.plan import Plan
 
 

@@ -38,7 +38,7 @@ from solver.cost.parallelizer import (Parallelizer, PartialPlan, PlanContext,
                                       kernel_calibration, prices_interleaving_above_plain,
                                       stage_calibration)
 from solver.cost.stage import ConfigArrays, ModelSlice
-from solver.cost.stage_costs import substage_layers
+from solver.cost.stage import substage_layers
 from solver.islands import IslandSet, group_island, node_key
 from solver.planner.floors import compute_floor
 from solver.planner.plan import Plan, SolverInfo, StagePlan, interleaved_cycle_time

@@ -42,10 +42,12 @@ import math
 from dataclasses import replace
 from typing import NamedTuple
 
-from solver.cost.efficiency import DEFAULT_CALIBRATION, AttentionKernel, Calibration
+from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
 from solver.cost.frameworks import FrameworkProfile, job_runtime
 from solver.cost.stage import StageConfig
 from solver.planner.memory_check import layer_counts, recomputed
+from solver.planner.time_check_machine import (Machine, all_to_all, consecutive, machine, ring,
+                                               strided)
 from solver.spec.domain import Framework, Island, ModelSpec, Precision, Recompute
 
 _LOGIT_BYTES = 12.0    # HBM bytes per logit per pass of the fp32 cross entropy
@@ -53,117 +55,13 @@ _PERMUTE_BYTES = 8.0   # HBM bytes per hidden element of every routed copy (perm
 _WEIGHT, _GRAD = 2.0, 4.0  # bytes per parameter: 16-bit weights, fp32 gradients
 
 
-class _Machine(NamedTuple):
-    """One GPU of the island as the formulas see it (weakest-member figures, derated)."""
-
-    peak: float         # GEMM FLOP/s at the precision run
-    sixteen: float      # 16-bit FLOP/s (attention core)
-    half: float         # FLOP/B at which a GEMM reaches half the ceiling
-    ceiling: float      # largest fraction of ``peak`` a GEMM reaches
-    kernel: float       # fixed seconds per GEMM kernel
-    kappa: float        # in-training fraction of the stand-alone GEMM speed
-    attention: float | None  # fused-kernel efficiency, None when unfused
-    intra: float        # bytes/s inside a node, per direction
-    inter: float        # bytes/s over the NIC
-    intra_lat: float
-    inter_lat: float
-    pcie: float
-    hbm: float
-    per_node: int
-    nvlink: int = 0     # ranks sharing an NVLink domain (0: the node)
-    pcie_peer: float = 0.0  # bytes/s between node peers outside the NVLink domain
-
-
 class _Setup(NamedTuple):
     model: ModelSpec
     seq: int
-    gpu: _Machine
+    gpu: Machine
     calib: Calibration
     overlap: bool
     profile: FrameworkProfile
-
-
-def _machine(island: Island, precision: Precision, calib: Calibration,
-             unfused_software: bool) -> _Machine:
-    """The island's GPU as the formulas see it: weakest members, datasheet figures derated."""
-    nodes, gpu = island.nodes, island.gpu
-    sixteen = island.tflops_per_gpu * 1e12
-    fused = (calib.attention is AttentionKernel.FLASH and not unfused_software
-             and all(x.gpu.attention != "unfused" for x in nodes))
-    intra = min((x.gpu.nvlink_gbs / 2 if x.gpu.nvlink_gbs else x.gpu.pcie_gbs) for x in nodes)
-    return _Machine(
-        peak=sixteen * gpu.peak_tflops(precision) / gpu.peak_tflops(Precision.BF16),
-        sixteen=sixteen,
-        half=sixteen / (island.hbm_bw_gbs * 1e9) * max(
-            calib.gemm_half_balance if x.gpu.gemm_half_balance is None
-            else x.gpu.gemm_half_balance for x in nodes),
-        ceiling=min(x.gpu.gemm_ceiling(precision) for x in nodes),
-        kernel=max(calib.gemm_latency_s if x.gpu.gemm_latency_us is None
-                   else x.gpu.gemm_latency_us / 1e6 for x in nodes),
-        kappa=min(calib.gemm_in_training if x.gpu.gemm_in_training is None
-                  else x.gpu.gemm_in_training for x in nodes),
-        attention=min(x.gpu.attention_eff for x in nodes) if fused else None,
-        intra=intra * 1e9 * calib.nvlink_eff, inter=island.nic_gbits * 1e9 / 8 * calib.nic_eff,
-        intra_lat=calib.nvlink_latency_s, inter_lat=calib.nic_latency_s,
-        pcie=island.pcie_gbs * 1e9 * calib.pcie_eff, hbm=island.hbm_bw_gbs * 1e9 * calib.hbm_eff,
-        **_domain(island, intra * 1e9 * calib.nvlink_eff,
-                  island.pcie_gbs * 1e9 * calib.pcie_eff))
-
-
-def _domain(island: Island, intra: float, pcie: float) -> dict:
-    """NVLink domain of the island (GPU catalog ``nvlink_domain``): rack-scale above 8 GPUs
-    (NVL72 spans servers), else at most the server; the server reaches the GPUs outside the
-    domain over PCIe (never faster than NVLink)."""
-    size = min(x.gpu.nvlink_domain for x in island.nodes)
-    nvlink = size if size > 8 else min(size, island.gpus_per_node)
-    per_node = max(nvlink, island.gpus_per_node)
-    peer = intra if nvlink >= island.gpus_per_node else min(pcie, intra)
-    return {"per_node": per_node, "nvlink": nvlink, "pcie_peer": peer}
-
-
-def _ring(nbytes: float, q: float, bw: float, lat: float, phases: float = 1.0) -> float:
-    """Ring collective over ``q`` ranks: ``phases`` (q - 1) steps of ``nbytes / q`` each."""
-    if q <= 1:
-        return 0.0
-    steps = phases * (q - 1)
-    return steps * nbytes / q / bw + steps * lat
-
-
-def _consecutive(g: _Machine, span: float) -> tuple[float, float]:
-    """Link of a group of ``span`` consecutive ranks: NVLink if it fits in the NVLink domain,
-    PCIe if in the node (or rack), else the NIC."""
-    if span <= g.nvlink:
-        return g.intra, g.intra_lat
-    return (g.pcie_peer, g.intra_lat) if span <= g.per_node else (g.inter, g.inter_lat)
-
-
-def _members_per_node(g: _Machine, stride: int, group: int) -> int:
-    """Members of a group of ranks ``stride`` apart that share one node (rails in use)."""
-    return min(max(g.per_node // max(stride, 1), 1), max(group, 1))
-
-
-def _strided(g: _Machine, stride: int, group: int) -> tuple[float, float]:
-    """Link of ``group`` ranks ``stride`` apart: NVLink in a node, else one ring per rail."""
-    if stride * group <= g.nvlink:
-        return g.intra, g.intra_lat
-    if stride * group <= g.per_node:
-        return g.pcie_peer, g.intra_lat
-    return min(g.pcie_peer, _members_per_node(g, stride, group) * g.inter), g.inter_lat
-
-
-def _all_to_all(g: _Machine, nbytes: float, stride: int, group: int) -> float:
-    """Each of ``group`` ranks ``stride`` apart sends ``nbytes`` spread evenly over the group."""
-    if group <= 1:
-        return 0.0
-    k = _members_per_node(g, stride, group)
-    # Of the k members in reach without the NIC, those of one NVLink domain use NVLink, the
-    # rest of the server PCIe.
-    k_nv = min(max(g.nvlink // max(stride, 1), 1), k)
-    on_nvlink = (k_nv - 1) / group * nbytes / g.intra
-    on_pcie = (k - k_nv) / group * nbytes / g.pcie_peer
-    on_nic = (group - k) / group * nbytes / g.inter
-    return (max(on_nvlink, on_pcie, on_nic)
-            + (g.inter_lat if group > k else g.intra_lat) * (group - 1))
 
 
 def _gemm(st: _Setup, flops: float, m: float, n: float, k: float) -> float:
@@ -221,14 +119,14 @@ def _layer(st: _Setup, c: StageConfig, n: float) -> tuple[float, float, float, f
         _PERMUTE_BYTES * m.top_k * m.hidden if m.is_moe else 0.0)
     gemm = _layer_gemms(st, c, n)
     work = gemm + attn + streamed * n / c.tp / g.hbm
-    tp = 4 * _ring(2.0 * n * m.hidden, c.tp, *_consecutive(g, c.tp))
+    tp = 4 * ring(2.0 * n * m.hidden, c.tp, *consecutive(g, c.tp))
     kv_share = max(m.kv_heads / c.tp, 1.0) * m.d_head
-    ring = _ring(2.0 * c.cp * 2 * n * kv_share, c.cp, *_consecutive(g, c.tp * c.cp))
-    cp = max(ring - attn, 0.0) if st.overlap else ring
+    kv_ring = ring(2.0 * c.cp * 2 * n * kv_share, c.cp, *consecutive(g, c.tp * c.cp))
+    cp = max(kv_ring - attn, 0.0) if st.overlap else kv_ring
     ep = 0.0
     if m.is_moe:
         sent = 2.0 * n * m.top_k * m.hidden / c.tp * st.calib.moe_capacity_factor
-        ep = 2 * _all_to_all(g, sent, c.tp * c.cp, c.ep)
+        ep = 2 * all_to_all(g, sent, c.tp * c.cp, c.ep)
     full = c.recompute is Recompute.FULL
     tp_fwd = _tp_exposed(st, tp, gemm, c.tp)
     redo = work if full else (attn if c.recompute is Recompute.SELECTIVE else 0.0)
@@ -242,7 +140,7 @@ def _head(st: _Setup, c: StageConfig, n: float) -> tuple[float, float, float, fl
     m, g = st.model, st.gpu
     gemm = _gemm(st, 2 * n * m.hidden * m.vocab / c.tp, n, m.vocab / c.tp, m.hidden)
     loss = _LOGIT_BYTES * n * m.vocab / c.tp / g.hbm
-    one = _ring(2.0 * n * m.hidden, c.tp, *_consecutive(g, c.tp))
+    one = ring(2.0 * n * m.hidden, c.tp, *consecutive(g, c.tp))
     return (gemm + loss, _tp_exposed(st, one, gemm, c.tp),
             2 * gemm + loss, _tp_exposed(st, one, 2 * gemm, c.tp))
 
@@ -299,11 +197,11 @@ def _sync(st: _Setup, c: StageConfig, layers: int, emb: bool, head: bool, fwd_wo
     expert = layers * expert_l / (c.tp * c.ep)
     q_d = c.dp * c.cp
     q_e = q_d // c.ep
-    link_d, link_e = _strided(g, c.tp, q_d), _strided(g, c.tp * c.ep, q_e)
+    link_d, link_e = strided(g, c.tp, q_d), strided(g, c.tp * c.ep, q_e)
 
     def coll(per_param: float, phases: float = 1.0) -> float:
-        experts = _ring(per_param * expert, q_e, *link_e, phases) if expert > 0 else 0.0
-        return _ring(per_param * dense, q_d, *link_d, phases) + experts
+        experts = ring(per_param * expert, q_e, *link_e, phases) if expert > 0 else 0.0
+        return ring(per_param * dense, q_d, *link_d, phases) + experts
 
     megatron = prof.framework in (Framework.MEGATRON_CORE, Framework.FLAGSCALE)
     bucket = max(prof.grad_bucket_params, 1e6 * c.dp) if megatron else prof.grad_bucket_params
@@ -324,7 +222,7 @@ def _sync(st: _Setup, c: StageConfig, layers: int, emb: bool, head: bool, fwd_wo
 
 def _setup(model, seq_len, island, calib, profile, precision, overlap) -> _Setup:
     """Everything the formulas read besides the configuration."""
-    gpu = _machine(island, precision, calib, profile.unfused_attention)
+    gpu = machine(island, precision, calib, profile.unfused_attention)
     return _Setup(model, seq_len, gpu, calib, overlap, profile)
 
 
@@ -342,7 +240,7 @@ def _substage(st: _Setup, c: StageConfig, layers: int, emb: bool, head: bool,
     else:
         lw_f, lc_f, lw_b, lc_b = _layer(st, c, n)
     hw_f, hc_f, hw_b, hc_b = _head(st, c, n) if head else (0.0, 0.0, 0.0, 0.0)
-    lookup = _ring(2.0 * n * st.model.hidden, c.tp, *_consecutive(st.gpu, c.tp)) if emb else 0.0
+    lookup = ring(2.0 * n * st.model.hidden, c.tp, *consecutive(st.gpu, c.tp)) if emb else 0.0
     fwd_work, bwd_work = layers * lw_f + hw_f, layers * lw_b + hw_b
     fwd_comm, bwd_comm = layers * lc_f + lookup + hc_f, layers * lc_b + lookup + hc_b
     z_fwd, z_bwd, dp_s, opt_s = _sync(st, c, layers, emb, head, fwd_work, bwd_work)
@@ -354,7 +252,7 @@ def _substage(st: _Setup, c: StageConfig, layers: int, emb: bool, head: bool,
     off_f, off_b = max(copy - hidden * fwd_work, 0.0), max(copy - hidden * bwd_work, 0.0)
     p2p = 0.0
     if c.pp > 1:
-        bw, lat = _consecutive(st.gpu, 2 * c.tp * c.cp * c.dp)
+        bw, lat = consecutive(st.gpu, 2 * c.tp * c.cp * c.dp)
         p2p = (2.0 * n * st.model.hidden / c.tp / bw + lat) * p2p_factor
     fwd = fwd_work + fwd_comm + z_fwd + off_f + p2p
     bwd = bwd_work + bwd_comm + z_bwd + off_b + p2p

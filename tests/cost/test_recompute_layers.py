@@ -273,7 +273,7 @@ def _every_k(model, island, seq_len, cfg, layers, emb, head, pipe, levels, limit
              runtime):
     """Brute force: every ``k`` from 1 to the longest sub-stage's layers less one, for every
     configuration with full recomputation of all layers (the rows the search may extend)."""
-    from solver.cost.stage_costs import split_layers
+    from solver.cost.stage import split_layers
     n = len(cfg)
     layers_row = np.broadcast_to(np.asarray(layers), (n,))
     first, second, _ = split_layers(layers_row, np.asarray(cfg.pp))

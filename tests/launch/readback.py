@@ -17,7 +17,7 @@ import shlex
 from dataclasses import replace
 
 from solver.cost.parallelizer import PartialPlan
-from solver.cost.stage_costs import substage_layers
+from solver.cost.stage import substage_layers
 from solver.islands import IslandSet
 from solver.planner.plan import Plan, SolverInfo, StagePlan
 from solver.compose.table import Position

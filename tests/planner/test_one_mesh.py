@@ -9,7 +9,7 @@ import pytest
 
 from solver.cost.parallelizer import AnalyticParallelizer
 from solver.cost.stage import ModelSlice
-from solver.cost.stage_costs import substage_layers
+from solver.cost.stage import substage_layers
 from solver.islands import group_island, whole_cluster
 from solver.launch import megatron_args
 from solver.planner.interleaved import _context

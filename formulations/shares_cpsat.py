@@ -1,5 +1,5 @@
 """CP-SAT model of the batch shares of pipeline replicas: the cross-check of the exact DP
-:func:`solver.planner.replicas.best_shares`.
+:func:`solver.planner.replica.replicas.best_shares`.
 
 Decision: one share per replica from its table of planned shares; the shares sum to the global
 batch. Objective: the slowest replica's iteration time (min-max). Times are scaled to integers

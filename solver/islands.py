@@ -159,7 +159,7 @@ def merge_loss(a: Island, b: Island) -> float:
 def same_vendor(nodes) -> bool:
     """Whether ``nodes`` are all of one GPU vendor. An island is a candidate mesh, and one mesh
     is one communicator: NCCL and RCCL cannot form one (the rule and its citation:
-    :func:`solver.cost.runtime_rules.vendor_problem`), so merging never joins two vendors."""
+    :func:`solver.cost.runtime.runtime_rules.vendor_problem`), so merging never joins two vendors."""
     return len({n.gpu.vendor for n in nodes}) <= 1
 
 

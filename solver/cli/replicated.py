@@ -7,7 +7,7 @@ import sys
 
 from solver.cli.report import (emit_json, idle_lines, island_json, island_rows, job_json,
                                render_table, stage_rows)
-from solver.planner.replica_plan import ReplicatedPlan, not_exportable, replicated_json
+from solver.planner.replica.replica_plan import ReplicatedPlan, not_exportable, replicated_json
 
 
 def run_replicated(args: argparse.Namespace, rp: ReplicatedPlan) -> int:

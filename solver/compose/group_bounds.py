@@ -8,7 +8,7 @@ latencies (:class:`LeastStages`), and their compiled kernels.
   latency is linear in its length), which raises the floor against a bar.
 
 :func:`~solver.compose.group_dp.compose_groups_dp` computes them on each table it composes;
-the floor table's relaxed check (:mod:`solver.planner.floor_table`) on a table of one latency
+the floor table's relaxed check (:mod:`solver.planner.bounds.floor_table`) on a table of one latency
 per layer and group, kept across ``n_micro`` and bars.
 """
 

@@ -8,12 +8,12 @@ with :mod:`~solver.cost.timing`, :mod:`~solver.cost.memory` and the constants of
 :class:`AnalyticParallelizer` hands on the Pareto set of :class:`PartialPlan` (latency,
 per-iteration time, memory) per boundary layout (the partial-plan types:
 :mod:`solver.cost.partial`). :func:`estimate` prices one fixed
-configuration of a whole model (``tangram estimate``); :mod:`solver.cost.calibration` is the
+configuration of a whole model (``tangram estimate``); :mod:`solver.cost.calibrate.calibration` is the
 fit on Megatron-LM SC'21 Table 1.
 """
 
 from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
-from solver.cost.estimate import Estimate, EstimateSetup, estimate
+from solver.cost.estimating.estimate import Estimate, EstimateSetup, estimate
 from solver.cost.parallelizer import (AnalyticParallelizer, MemoryBreakdown, Parallelizer,
                                       PartialPlan, PlanContext, best_plan)
 from solver.cost.stage import ConfigArrays, ModelSlice, StageConfig

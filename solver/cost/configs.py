@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.cost.frameworks import (cp_allowed, expert_parallel_sizes, megatron_interleaves,
+from solver.cost.runtime.frameworks import (cp_allowed, expert_parallel_sizes, megatron_interleaves,
                                     profile, tp_allowed, zero_choices)
 from solver.cost.partial import PlanContext
 from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, ModelSlice
@@ -62,7 +62,7 @@ class FeatureSet:
     @classmethod
     def of_framework(cls, framework: Framework, pipelined: bool) -> "FeatureSet":
         """What ``framework`` runs on a stage of a pipelined (or single-stage) plan (before the
-        ZeRO reduction of :func:`~solver.cost.frameworks.zero_choices`)."""
+        ZeRO reduction of :func:`~solver.cost.runtime.frameworks.zero_choices`)."""
         prof = profile(framework)
         return cls(prof.cp, prof.ep, prof.zero_stages(pipelined), prof.recompute, prof.offload)
 
@@ -80,7 +80,7 @@ def _powers_of_two(limit: int) -> list[int]:
 
 def _tp_options(model: ModelSpec, gpus: int, framework: Framework | None = None) -> list[int]:
     """TP degrees that shard heads, hidden and MLP widths evenly; KV heads split, or replicate
-    where the framework allows it (:func:`~solver.cost.frameworks.tp_allowed`; without a
+    where the framework allows it (:func:`~solver.cost.runtime.frameworks.tp_allowed`; without a
     framework: either)."""
     widths = [model.hidden, model.ffn] + ([model.expert_ffn] if model.is_moe else [])
     kv_ok = (lambda t: model.kv_heads % t == 0 or t % model.kv_heads == 0) if framework is None \
@@ -128,7 +128,7 @@ def _layouts(slc: ModelSlice, island: Island, ctx: PlanContext, feats: FeatureSe
 
 def _ep_options(model: ModelSpec, tp: int, cp: int, dp: int, ctx: PlanContext) -> list[int]:
     """EP degrees of a stage: the framework's expert grid
-    (:func:`~solver.cost.frameworks.expert_parallel_sizes`, expert-TP = TP as priced); without
+    (:func:`~solver.cost.runtime.frameworks.expert_parallel_sizes`, expert-TP = TP as priced); without
     a framework, EP dividing the experts and ``dp·cp``."""
     if ctx.framework is None:
         return [e for e in range(1, model.experts + 1)
@@ -139,7 +139,7 @@ def _ep_options(model: ModelSpec, tp: int, cp: int, dp: int, ctx: PlanContext) -
 
 def multi_mesh_cp(framework: Framework | None, cp: np.ndarray) -> np.ndarray:
     """Rows a stage of a plan of several meshes may use: context parallelism only where the
-    framework runs it across meshes (:func:`~solver.cost.frameworks.cp_allowed`)."""
+    framework runs it across meshes (:func:`~solver.cost.runtime.frameworks.cp_allowed`)."""
     if framework is None or cp_allowed(profile(framework), 2):
         return np.ones(cp.shape, dtype=bool)
     return cp == 1

@@ -10,8 +10,8 @@ Sources
   bidirectional totals, so one direction carries half; a NIC of ``x`` Gb/s moves ``x / 8`` GB/s.
 - The GEMM curve's shape is fitted on measured stand-alone GEMMs (OpenXLA's GEMM table for H100,
   B200 and MI300X, ``instances/calibration/gemm-openxla.csv``; ``python -m
-  solver.cost.gemm_fit``); the in-training constants on Narayanan et al., SC'21, Table 1 only
-  (``instances/calibration/megatron-sc21-table1.csv``; ``python -m solver.cost.calibration``).
+  solver.cost.calibrate.gemm_fit``); the in-training constants on Narayanan et al., SC'21, Table 1 only
+  (``instances/calibration/megatron-sc21-table1.csv``; ``python -m solver.cost.calibrate.calibration``).
 """
 
 from __future__ import annotations
@@ -51,21 +51,21 @@ class Calibration:
     costs its FLOPs at the ceiling plus ``c / ceiling`` times its operand traffic at HBM speed
     plus ``t0``: a narrow TP shard or a small micro-batch pays the traffic and the fixed cost
     over less work. ``c`` and ``t0`` are the GPU's own where ``instances/gpus.toml`` gives them
-    (fitted on measured cuBLAS/hipBLASLt GEMMs, :mod:`solver.cost.gemm_fit`), else the defaults
+    (fitted on measured cuBLAS/hipBLASLt GEMMs, :mod:`solver.cost.calibrate.gemm_fit`), else the defaults
     below. Fused attention runs at the GPU's ``attention_eff`` (its kernel: FlashAttention-3 on
     Hopper, FlashAttention-2 on Ampere/Ada, unfused on Volta).
 
     Provenance of the defaults. ``gemm_half_balance`` and ``gemm_latency_s`` are the pooled fit
     over the NVIDIA GPUs of the measured GEMM table (``instances/calibration/gemm-openxla.csv``:
-    OpenXLA's H100 and B200 measurements; ``python -m solver.cost.gemm_fit``); they price the
+    OpenXLA's H100 and B200 measurements; ``python -m solver.cost.calibrate.gemm_fit``); they price the
     GPUs without a table of their own (A100, V100, L40S, A10): the same fixed cost per kernel
     and the same traffic multiple. Fitted on SC'21 Table 1 under the ``megatron-2021`` profile
     (no overlapped communication, unfused attention; minimax of the log error over all ten
-    rows, ``python -m solver.cost.calibration --fit``): ``gemm_in_training``,
+    rows, ``python -m solver.cost.calibrate.calibration --fit``): ``gemm_in_training``,
     ``unfused_attention_eff``, ``elementwise_bytes``. Chosen, not fitted: bus efficiencies and
     latencies (NCCL all-reduce bus bandwidth of about 230 GB/s on DGX A100 NVLink, 85 % of line
     rate on InfiniBand), ``hbm_eff`` and ``pcie_eff`` (typical STREAM-like fractions). What is
-    overlapped is the framework profile's, scheduled (``solver.cost.frameworks``), not a fitted
+    overlapped is the framework profile's, scheduled (``solver.cost.runtime.frameworks``), not a fitted
     fraction.
 
     Attributes

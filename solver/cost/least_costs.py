@@ -1,6 +1,6 @@
 """The least a stage can cost over a group's layouts: the cost model's own floors.
 
-:mod:`solver.planner.floor_table` prices its entries from these instead of from every
+:mod:`solver.planner.bounds.floor_table` prices its entries from these instead of from every
 configuration: the least per-micro-batch latency of one layer, the LM head and the embedding
 (:func:`least_latencies`), and per slice length the least per-iteration time
 (:func:`least_iterations`). Both read :mod:`solver.cost.stage_costs`' sums term by term, which
@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
-from solver.cost.frameworks import Runtime
+from solver.cost.runtime.frameworks import Runtime
 from solver.cost.stage import ConfigArrays
 from solver.cost.stage_costs import _time_inputs
 from solver.cost.sync import _zero_and_sync

@@ -50,7 +50,7 @@ def prices_interleaving_above_plain(parallelizer: Parallelizer) -> bool:
     every plan it returns under interleaved 1F1B, ``v >= 2``, has a plan of the same layout
     under plain 1F1B (same slice, group, micro-batches, in-flight and limits) that is no slower
     in ``latency_s`` and ``iteration_s``: the premise of
-    :func:`~solver.planner.interleaved.plain_floor`. Wrappers forward their inner's answer;
+    :func:`~solver.planner.stages.interleaved.plain_floor`. Wrappers forward their inner's answer;
     a parallelizer that says nothing gets False, and no cut."""
     return bool(getattr(parallelizer, "interleaving_priced_above_plain", False))
 
@@ -59,7 +59,7 @@ def kernel_calibration(parallelizer: Parallelizer) -> Calibration | None:
     """The calibration whose kernel curves bound ``parallelizer``'s times from below (attribute
     ``kernel_calibration``: the analytic model's own), for the compute floors'
     size-dependent GEMM efficiency and memory-bound operators
-    (:func:`~solver.planner.floors.kernel_floor`). Wrappers forward their inner's; a
+    (:func:`~solver.planner.bounds.floors.kernel_floor`). Wrappers forward their inner's; a
     parallelizer that says nothing gets None, and floors from the catalog's ceilings only."""
     return getattr(parallelizer, "kernel_calibration", None)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.cost.frameworks import Runtime
+from solver.cost.runtime.frameworks import Runtime
 from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, StageConfig
 from solver.cost.stage_costs import StageCosts
 from solver.spec.domain import (Constraints, FeaturePreset, Framework, ModelSpec, Precision,

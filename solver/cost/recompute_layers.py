@@ -44,7 +44,7 @@ import dataclasses
 import numpy as np
 
 from solver.cost.efficiency import Calibration
-from solver.cost.frameworks import Runtime, profile
+from solver.cost.runtime.frameworks import Runtime, profile
 from solver.cost.memory import recompute_saving
 from solver.cost.stage import ConfigArrays
 from solver.cost.stage_costs import (

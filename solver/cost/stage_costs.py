@@ -23,7 +23,7 @@ every micro-batch (DeepSpeed ``overlap_comm``, FSDP ``SHARD_GRAD_OP``); ZeRO-3 a
 weights every micro-batch. Data-parallel collectives run on NVLink inside a node and on ``k``
 rails across nodes (:meth:`~solver.cost.efficiency.Links.data_parallel`).
 
-What overlaps is the framework's (:mod:`solver.cost.frameworks`), scheduled bucket by bucket:
+What overlaps is the framework's (:mod:`solver.cost.runtime.frameworks`), scheduled bucket by bucket:
 with ``overlap_grad_reduce`` the gradient collective of each bucket starts when its gradients
 are final during the last micro-batch's backward pass, so it hides behind that pass except for
 the last bucket (``max(c - w (1 - 1/nb), c / nb)`` for collective ``c``, window ``w``, ``nb``
@@ -48,7 +48,7 @@ from solver.cost.efficiency import (
     GemmKernel,
     Links,
 )
-from solver.cost.frameworks import Runtime
+from solver.cost.runtime.frameworks import Runtime
 from solver.cost.memory import (MemoryArrays, stored_bytes_per_token, stored_layer_bytes,
                                 substage_memory)
 from solver.cost.stage import (ConfigArrays, ModelSlice, light_middle, recomputed_layers,

@@ -24,7 +24,7 @@ inside the backward pass, of every layer or, with the block method, of the recom
 (:attr:`~solver.cost.stage.StageConfig.recompute_layers`); selective recomputation repeats the
 attention core (and the CP ring).
 
-TP overlap is the framework's (``solver.cost.frameworks``). Megatron-Core's
+TP overlap is the framework's (``solver.cost.runtime.frameworks``). Megatron-Core's
 ``--tp-comm-overlap`` (Transformer Engine userbuffers) splits each all-gather / reduce-scatter
 into ``tp`` chunks exchanged while the GEMM that consumes or produces them runs on the chunks
 already there, so only the first chunk, or what outlasts the GEMMs, stays exposed:
@@ -45,7 +45,7 @@ from solver.cost.efficiency import (
     Links,
     ring_time,
 )
-from solver.cost.frameworks import FrameworkProfile
+from solver.cost.runtime.frameworks import FrameworkProfile
 from solver.cost.stage import ConfigArrays
 from solver.spec.domain import ModelSpec
 

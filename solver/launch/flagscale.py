@@ -21,8 +21,8 @@ Key names and semantics as FlagScale reads them (FlagOpen/FlagScale at da4935e, 
   after another one gets a label of its own (``H100-SXM-80GB-2``), else its ranks would be
   taken by the earlier mesh of that type. A mesh whose island merged GPU types of one vendor
   runs under its weakest type's label (a label, not a hardware check:
-  :func:`solver.cost.runtime_rules.mixed_kinds_note`), and the YAML says so; two vendors are
-  refused (:func:`~solver.cost.runtime_rules.vendor_problem`). ``micro_batch_size`` is the
+  :func:`solver.cost.runtime.runtime_rules.mixed_kinds_note`), and the YAML says so; two vendors are
+  refused (:func:`~solver.cost.runtime.runtime_rules.vendor_problem`). ``micro_batch_size`` is the
   first mesh's per-rank micro-batch (mesh ``i`` runs ``dp_0 · mbs / dp_i``).
 * A plan of one mesh runs without the ``hetero`` block: plain Megatron-LM, which has context
   parallelism and interleaving (``num_layers_per_virtual_pipeline_stage``; FlagScale asserts it
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from solver.cost.runtime_rules import mixed_kinds_note
+from solver.cost.runtime.runtime_rules import mixed_kinds_note
 from solver.launch.megatron import layer_split_flags, recompute_flags
 from solver.launch.meshes import (Mesh, NotExpressible, meshes, micro_batch_size, model_flags,
                                   optimizer_flags, precision_flags, slots, vendor_check)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solver.cost.runtime_rules import vendor_problem
+from solver.cost.runtime.runtime_rules import vendor_problem
 from solver.cost.stage import substage_layers
 from solver.launch.errors import NotExpressible
 from solver.launch.model_flags import model_flags
@@ -143,7 +143,7 @@ def optimizer_flags(plan: Plan) -> dict[str, object]:
 
 def vendor_check(plan: Plan) -> None:
     """One communicator for the job: the GPUs of one vendor
-    (:func:`solver.cost.runtime_rules.vendor_problem` states the rule and its source)."""
+    (:func:`solver.cost.runtime.runtime_rules.vendor_problem` states the rule and its source)."""
     why = vendor_problem({n.gpu for n in nodes_in_rank_order(plan)})
     if why:
         raise NotExpressible(why)

@@ -16,14 +16,14 @@ from dataclasses import replace
 
 
 from solver.compose.table import Position
-from solver.cost.frameworks import precision_problem
+from solver.cost.runtime.frameworks import precision_problem
 from solver.cost.parallelizer import AnalyticParallelizer, PlanContext, best_plan
 from solver.cost.stage import ModelSlice
 from solver.islands import IslandSet
 from solver.planner.micro import candidate_n_micro, plan_auto
 from solver.planner.plan import Plan, SolverInfo, StagePlan
-from solver.planner.search import PlannerConfig
-from solver.planner.validate import validate
+from solver.planner.stages.search import PlannerConfig
+from solver.planner.check.validate import validate
 from solver.spec.domain import FeaturePreset, Island, JobSpec
 from solver.spec.errors import InfeasibleError
 
@@ -39,7 +39,7 @@ class Baseline(enum.Enum):
 
 def oblivious_island(job: JobSpec) -> Island:
     """The whole cluster as one island of its weakest members: of the nodes a runtime can run
-    together (:mod:`solver.cost.frameworks`: one vendor, the job's precision), the vendor with
+    together (:mod:`solver.cost.runtime.frameworks`: one vendor, the job's precision), the vendor with
     the most TFLOP/s when the cluster mixes vendors."""
     runs = [n for n in job.cluster.nodes
             if precision_problem(n.gpu, job.training.precision) is None] or job.cluster.nodes

@@ -1,7 +1,7 @@
 """Choosing n_micro exactly: every ``n`` dividing the global batch planned and composed.
 
 For every ``n`` the job is planned from scratch and composed exactly
-(:func:`solver.planner.search.plan_job`, which validates). Nothing worth caching is independent
+(:func:`solver.planner.stages.search.plan_job`, which validates). Nothing worth caching is independent
 of ``n``: the micro-batch ``B / n`` changes every latency, memory and link time, and so every
 parallelizer call; what is independent (islands, the link model's bandwidths) costs 0.4 ms per
 ``n`` against about a second of planning, 90 % of it in the parallelizer (measured on the seed
@@ -16,9 +16,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
-from solver.planner.candidates import MAX_AUTO_MICRO, candidate_n_micro
+from solver.planner.stages.candidates import MAX_AUTO_MICRO, candidate_n_micro
 from solver.planner.plan import Plan
-from solver.planner.search import REL_TIE, PlannerConfig, plan_job
+from solver.planner.stages.search import REL_TIE, PlannerConfig, plan_job
 from solver.spec.domain import JobSpec
 from solver.spec.errors import InfeasibleError
 

@@ -6,7 +6,7 @@ text and ``tangram plan --json``'s ``warnings``) prints them after the idle node
 
 from __future__ import annotations
 
-from solver.cost.frameworks import mixed_kinds_note
+from solver.cost.runtime.frameworks import mixed_kinds_note
 
 #: A bubble above this fraction of the pipeline time gets a warning (issue 45: 25%).
 BUBBLE_WARNING = 0.25

@@ -5,7 +5,7 @@ stage as an atomic ``τ = f + b`` per micro-batch. The simulator keeps forward a
 runs each stage's operations in its schedule's program order, and starts an operation as soon as
 its inputs have arrived and its resources are free (list scheduling, driven by completion events).
 
-Transfers. A boundary's link time ``c`` (``solver.planner.validate.link_model``) covers the activation
+Transfers. A boundary's link time ``c`` (``solver.planner.check.validate.link_model``) covers the activation
 sent forward *and* its gradient sent back; both tensors have the same shape (``b·s·h`` bf16), so
 each direction takes ``c / 2``. With :attr:`LinkDuplex.HALF` one channel carries both directions,
 so the link is busy ``c`` per micro-batch exactly as eq. 5 assumes; :attr:`LinkDuplex.FULL` gives

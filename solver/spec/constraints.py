@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # annotations only: domain imports this module
-    from solver.spec.domain import Island, Recompute, Schedule
+if TYPE_CHECKING:  # annotations only
+    from solver.spec.enums import Recompute, Schedule
+    from solver.spec.hardware import Island
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Constraints:
         Islands (by name, or by GPU type) to use only / to leave out.
     max_replicas : int | None
         At most this many pipeline replicas across islands (``1``: one pipeline; None:
-        unlimited, see :mod:`solver.planner.replicas`).
+        unlimited, see :mod:`solver.planner.replica.replicas`).
     """
 
     tp: tuple[int, ...] | None = None
@@ -68,7 +69,7 @@ class Constraints:
     def on_stages(self) -> "Constraints":
         """The limits a stage's options depend on: these without the island selection and the
         replica count. Planning contexts carry them, so jobs that differ only in their islands
-        (the replicas of :mod:`solver.planner.replicas`) ask the parallelizer the same
+        (the replicas of :mod:`solver.planner.replica.replicas`) ask the parallelizer the same
         questions about the islands they share."""
         return replace(self, islands=None, exclude_islands=None, max_replicas=None)
 

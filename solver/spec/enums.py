@@ -58,7 +58,7 @@ class Precision(enum.Enum):
 
 class Framework(enum.Enum):
     """The training software a plan is for (``[planner] framework``; see
-    :mod:`solver.cost.frameworks` for what each runs and overlaps)."""
+    :mod:`solver.cost.runtime.frameworks` for what each runs and overlaps)."""
 
     FLAGSCALE = "flagscale"
     MEGATRON_CORE = "megatron-core"

@@ -70,7 +70,7 @@ class GPUSpec:
     vendor : str
         Who makes it (``"nvidia"``, ``"amd"``, ...): GPUs of two vendors cannot share a
         communicator (NCCL beside RCCL), so a job's meshes are all of one vendor
-        (:func:`solver.cost.runtime_rules.vendor_problem`).
+        (:func:`solver.cost.runtime.runtime_rules.vendor_problem`).
     mxfp8 : bool
         Runs MXFP8 block-scaled GEMMs (Blackwell and newer: Transformer Engine's MXFP8 support
         check needs compute capability 10.0); ``fp8-mx`` runs 16-bit elsewhere.

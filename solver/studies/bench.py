@@ -25,9 +25,9 @@ from solver.islands import Thresholds, build_islands
 from solver.planner.baselines import Baseline, plan_baseline
 from solver.planner.plan import Plan, _r
 from solver.planner.pruning import Rule
-from solver.planner.replicas import ReplicaOptions, plan_replicas
-from solver.planner.search import PlannerConfig, PlanningRun, plan_job, start_run
-from solver.planner.validate import PlanInvalid
+from solver.planner.replica.replicas import ReplicaOptions, plan_replicas
+from solver.planner.stages.search import PlannerConfig, PlanningRun, plan_job, start_run
+from solver.planner.check.validate import PlanInvalid
 from solver.spec.domain import JobSpec, SolverKind
 from solver.spec.errors import InfeasibleError, InputError
 from solver.spec.loaders import INSTANCES, load_job
@@ -109,7 +109,7 @@ class BenchOptions:
     time_limit_s : float | None
         CP-SAT / MILP time limit per solve (None: the job's).
     replicas : bool
-        Also search pipeline replicas across islands (:mod:`solver.planner.replicas`) on
+        Also search pipeline replicas across islands (:mod:`solver.planner.replica.replicas`) on
         every job; a job with ``[planner] replicas = true`` has them searched anyway.
     replica_time_limit_s : float
         Time limit of that search.

@@ -18,10 +18,10 @@ from dataclasses import dataclass, replace
 
 from solver.compose.stage_table import GroupRestrictions
 from solver.compose.table import Budget
-from solver.planner.candidates import TableSpec
-from solver.planner.interleaved import best_interleaved
+from solver.planner.stages.candidates import TableSpec
+from solver.planner.stages.interleaved import best_interleaved
 from solver.planner.pruning import Rule
-from solver.planner.search import PlanningRun, run_groups, rule_tables, compose
+from solver.planner.stages.search import PlanningRun, run_groups, rule_tables, compose
 from solver.studies.pareto import Objective, usd_per_hour, watts
 
 

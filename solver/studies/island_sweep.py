@@ -19,7 +19,7 @@ import numpy as np
 from solver.cost.parallelizer import Parallelizer
 from solver.islands import Thresholds, build_islands, partition_loss
 from solver.planner.plan import Plan
-from solver.planner.search import PlannerConfig
+from solver.planner.stages.search import PlannerConfig
 from solver.spec.domain import ClusterSpec, Island, JobSpec
 from solver.spec.errors import InfeasibleError, InputError
 from solver.studies.pareto import default_parallelizer, plan_with_targets

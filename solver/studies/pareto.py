@@ -33,8 +33,8 @@ from typing import Any, Iterable
 from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer
 from solver.islands import IslandSet
 from solver.planner.plan import Plan
-from solver.planner.plancache import CachingParallelizer, MemoryStore
-from solver.planner.search import PlannerConfig, PlanningRun, plan_job, start_run
+from solver.planner.stages.plancache import CachingParallelizer, MemoryStore
+from solver.planner.stages.search import PlannerConfig, PlanningRun, plan_job, start_run
 from solver.spec.domain import Island, JobSpec, PlannerOptions
 from solver.spec.errors import InfeasibleError, InputError
 from solver.spec.loaders import CATALOG_PATH

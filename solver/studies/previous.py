@@ -12,16 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from solver.compose.table import slice_position
-from solver.cost.frameworks import job_runtime
+from solver.cost.runtime.frameworks import job_runtime
 from solver.cost.parallelizer import MemoryBreakdown, PartialPlan
 from solver.cost.stage import ConfigArrays, ModelSlice, StageConfig
 from solver.cost.stage_costs import PipelineSetting, stage_costs, substage_latencies
 from solver.islands import IslandSet, Thresholds, build_islands, group_island, whole_cluster
 from solver.planner.plan import Plan, SolverInfo, StagePlan
-from solver.planner.replica_plan import (Replica, ReplicatedPlan, exchange_s, replica_job,
+from solver.planner.replica.replica_plan import (Replica, ReplicatedPlan, exchange_s, replica_job,
                                          validate_replicated)
-from solver.planner.search import job_islands
-from solver.planner.validate import PlanInvalid, link_model, validate
+from solver.planner.stages.search import job_islands
+from solver.planner.check.validate import PlanInvalid, link_model, validate
 from solver.spec.domain import ClusterSpec, Island, JobSpec, Node, Recompute, Schedule
 from solver.spec.errors import InfeasibleError
 from solver.spec.fields import Fields

@@ -20,10 +20,10 @@ from time import perf_counter
 from typing import Any
 
 from solver.planner.plan import Plan
-from solver.planner.plancache import CachingParallelizer
-from solver.planner.replica_plan import ReplicatedPlan
-from solver.planner.replicas import ReplicaOptions, plan_replicas, replica_search_runs
-from solver.planner.search import PlannerConfig
+from solver.planner.stages.plancache import CachingParallelizer
+from solver.planner.replica.replica_plan import ReplicatedPlan
+from solver.planner.replica.replicas import ReplicaOptions, plan_replicas, replica_search_runs
+from solver.planner.stages.search import PlannerConfig
 from solver.spec.domain import ClusterSpec, GPUSpec, JobSpec, Node
 from solver.spec.errors import InputError
 from solver.spec.loaders import load_cluster

@@ -18,7 +18,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from solver.cost.frameworks import job_runtime
+from solver.cost.runtime.frameworks import job_runtime
 from solver.cost.efficiency import DEFAULT_CALIBRATION
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, stage_costs, substage_latencies
@@ -33,7 +33,7 @@ from solver.planner.micro import (
     sweep,
 )
 from solver.planner.plan import Plan, cycle_time
-from solver.planner.validate import link_model
+from solver.planner.check.validate import link_model
 
 __all__ = ["MAX_AUTO_MICRO", "REL_TIE", "NStar", "NStarModel", "SweepPoint", "SweepResult",
            "candidate_n_micro", "eq10", "plan_auto", "plan_point", "point_json", "sweep",

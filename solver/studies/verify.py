@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from solver.planner.plan import Plan
 from solver.planner.pruning import Rule
-from solver.planner.search import PlannerConfig, plan_job
+from solver.planner.stages.search import PlannerConfig, plan_job
 from solver.spec.domain import JobSpec, SolverKind
 from solver.spec.errors import InfeasibleError
 
@@ -56,7 +56,7 @@ class Row:
 def _run(job: JobSpec, rules: Rule, n_micro: int, solver: SolverKind = SolverKind.DP
          ) -> tuple[Plan | None, int, float]:
     start = time.perf_counter()
-    from solver.planner.search import start_run
+    from solver.planner.stages.search import start_run
     config = PlannerConfig(rules=rules, solver=solver)
     run = start_run(job, config, n_micro)
     try:
@@ -101,7 +101,7 @@ def cross_check(job: JobSpec, n_micro: int, rules: Rule = Rule.paper()
     contradicts it); or ``disagree`` (proven objectives differ, feasibility differs, or a proved
     bound exceeds the DP optimum).
 
-    A solver stopped by its limit returns the DP's plan (``solver.planner.solve``), so its
+    A solver stopped by its limit returns the DP's plan (``solver.planner.stages.solve``), so its
     objective is the DP's by construction: only its bound is evidence.
     """
     out: dict[str, object] = {}

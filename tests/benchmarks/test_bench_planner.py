@@ -19,8 +19,8 @@ from solver.islands import build_islands
 from dataclasses import replace
 
 from solver.cost.parallelizer import FeatureSet
-from solver.planner.candidates import GroupCache, TableSpec, build_stage_table
-from solver.planner.search import PlannerConfig, link_rates, plan_job, start_run
+from solver.planner.stages.candidates import GroupCache, TableSpec, build_stage_table
+from solver.planner.stages.search import PlannerConfig, link_rates, plan_job, start_run
 from solver.spec.loaders import INSTANCES, load_catalog, load_cluster, load_job
 
 pytestmark = pytest.mark.benchmark
@@ -91,7 +91,7 @@ REPLICA_CASES = [("small-7b-512", False), ("large-4096-llama3-70b", False),
 def test_bench_replica_search(benchmark, name, auto):
     """The search over pipeline replicas across islands, in two worker processes (the single
     pipeline planned once, outside the timing); it must settle every partition."""
-    from solver.planner.replicas import ReplicaOptions, plan_replicas
+    from solver.planner.replica.replicas import ReplicaOptions, plan_replicas
     job = load_job(JOBS / f"{name}.toml")
     if auto:
         job = replace(job, training=replace(job.training, n_micro=None))
@@ -107,7 +107,7 @@ def test_bench_plan_with_replicas(benchmark, name, auto):
     """What ``tangram plan`` runs: the replica search planning the single pipeline itself,
     bounded by its replicas (two worker processes; n_micro as in the replica benchmark); it
     must prove its plan."""
-    from solver.planner.replicas import ReplicaOptions, plan_replicas
+    from solver.planner.replica.replicas import ReplicaOptions, plan_replicas
     job = load_job(JOBS / f"{name}.toml")
     if auto:
         job = replace(job, training=replace(job.training, n_micro=None))

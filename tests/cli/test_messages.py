@@ -166,7 +166,7 @@ def test_tp_constraint_that_splits_no_head_names_itself_and_the_heads(tmp_path, 
 
 
 def test_tp_constraint_with_a_usable_degree_is_not_blamed(tmp_path):
-    from solver.planner.reasons import tp_constraint_problem
+    from solver.planner.stages.reasons import tp_constraint_problem
     path = tmp_path / "job.toml"
     path.write_text(TP_JOB + "tp = [3, 4]\n")
     job = load_job(path)

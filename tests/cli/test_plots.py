@@ -98,7 +98,7 @@ def test_gantt_draws_every_transfer_and_the_sync():
 
 def test_gantt_labels_tell_gpu_models_apart(tmp_path):
     from solver.cli.plots import plan_rows
-    from solver.planner.search import plan_job
+    from solver.planner.stages.search import plan_job
     from solver.spec.loaders import load_job
     job = MINI.replace('gpu = "A100-SXM-80GB"\ncount = 2\nname = "a100"',
                        'gpu = "A100-SXM-40GB"\ncount = 2\nname = "a100"')

@@ -201,7 +201,7 @@ def test_ctrl_c_during_verify_prints_finished_rows(monkeypatch, capsys, tmp_path
 def test_time_limit_reports_bound_and_keeps_dp_answer():
     from solver.compose.dp import compose_dp
     from solver.compose.table import load_table
-    from solver.planner.solve import solve_table
+    from solver.planner.stages.solve import solve_table
     from solver.spec.domain import SolverKind
     table = load_table(INSTANCES / "tables" / "mixed_128x8.json")
     exact = compose_dp(table)

@@ -86,7 +86,7 @@ def test_explain_adds_up_to_the_model(capsys):
 
 def test_budget_search_reports_all_its_calls(tmp_path):
     from solver.cost.parallelizer import AnalyticParallelizer
-    from solver.planner.plancache import CachingParallelizer, MemoryStore
+    from solver.planner.stages.plancache import CachingParallelizer, MemoryStore
     from solver.spec.loaders import load_job
     from solver.studies.pareto import plan_with_targets
     from tests.planner.test_planner import write_job
@@ -103,8 +103,8 @@ def test_searched_n_micro_reports_every_call(tmp_path):
     (each n_micro and the interleaved family), as the parallelizer itself counts them."""
     from conftest import MINI_AUTO
     from solver.cost.parallelizer import AnalyticParallelizer
-    from solver.planner.plancache import CachingParallelizer, MemoryStore
-    from solver.planner.search import plan_job
+    from solver.planner.stages.plancache import CachingParallelizer, MemoryStore
+    from solver.planner.stages.search import plan_job
     from solver.spec.loaders import load_job
     path = tmp_path / "auto.toml"
     path.write_text(MINI_AUTO)

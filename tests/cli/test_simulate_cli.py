@@ -10,7 +10,7 @@ from conftest import MINI_FIXED as MINI
 
 from solver.cli.main import main
 from solver.planner.baselines import Baseline, plan_baseline
-from solver.planner.search import plan_job
+from solver.planner.stages.search import plan_job
 from solver.schedule.report import (
     check_objectives,
     closed_form,

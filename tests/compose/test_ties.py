@@ -114,7 +114,7 @@ def test_dp_and_brute_force_return_the_rules_plan(problem):
 def test_models_return_the_rules_plan(problem):
     from formulations.assignment_cpsat import solve_cpsat
     from formulations.assignment_milp import solve_milp
-    from solver.planner.solve import solve_table
+    from solver.planner.stages.solve import solve_table
     from solver.spec.domain import SolverKind
     table, overlap = problem
     winner, _ = _rule_winner(table, overlap)
@@ -174,7 +174,7 @@ def test_a_disagreeing_optimum_keeps_its_own_plan_and_says_so():
 def test_the_planner_returns_one_plan_whatever_the_solver(tmp_path):
     """Stage tables: a proof of the DP's optimum by CP-SAT or MILP returns the DP's plan."""
     from conftest import MINI_FIXED
-    from solver.planner.search import PlannerConfig, plan_job
+    from solver.planner.stages.search import PlannerConfig, plan_job
     from solver.spec.domain import SolverKind
     from solver.spec.loaders import load_job
     path = tmp_path / "mini.toml"

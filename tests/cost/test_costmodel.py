@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from solver.cost.frameworks import Runtime
+from solver.cost.runtime.frameworks import Runtime
 from solver.cost.efficiency import (
     Calibration,
     GemmKernel,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from solver.cost.frameworks import PROFILES, profile, violations, zero_choices
+from solver.cost.runtime.frameworks import PROFILES, profile, violations, zero_choices
 from solver.cost.parallelizer import AnalyticParallelizer, FeatureSet, PlanContext
 from solver.cost.stage import ConfigArrays, ModelSlice, StageConfig
 from solver.cost.stage_costs import PipelineSetting, stage_costs

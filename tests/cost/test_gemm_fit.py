@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from solver.cost.efficiency import DEFAULT_CALIBRATION
-from solver.cost.gemm_fit import (
+from solver.cost.calibrate.gemm_fit import (
     GemmMeasurement,
     all_fits,
     curve_error,

@@ -10,12 +10,12 @@ from conftest import INSTANCES
 
 from solver.cost.parallelizer import AnalyticParallelizer, PlanContext
 from solver.cost.configs import FeatureSet, enumerate_configs
-from solver.cost.frameworks import Runtime
+from solver.cost.runtime.frameworks import Runtime
 from solver.cost.stage import ModelSlice
 from solver.cost.least_costs import least_latencies
 from solver.cost.stage_costs import PipelineSetting, stage_costs
 from solver.islands import group_island
-from solver.planner.runs import cluster_islands
+from solver.planner.stages.runs import cluster_islands
 from solver.spec.loaders import load_job
 
 

@@ -11,16 +11,16 @@ import pytest
 from conftest import INSTANCES, REFERENCE_MODELS
 
 from solver.cost.efficiency import DEFAULT_CALIBRATION
-from solver.cost.frameworks import PROFILES, Runtime, profile, violations
+from solver.cost.runtime.frameworks import PROFILES, Runtime, profile, violations
 from solver.cost.memory import activation_bytes, substage_memory
 from solver.cost.parallelizer import AnalyticParallelizer, PlanContext
 from solver.cost.recompute_layers import least_recompute_layers, with_partial_recompute
 from solver.cost.stage import ConfigArrays, ModelSlice, StageConfig
 from solver.cost.stage_costs import PipelineSetting, island_substage_memory, stage_costs
 from solver.islands import group_island
-from solver.planner.memory_check import substage_bytes
-from solver.planner.runs import cluster_islands
-from solver.planner.time_check import stage_seconds
+from solver.planner.check.memory_check import substage_bytes
+from solver.planner.stages.runs import cluster_islands
+from solver.planner.check.time_check import stage_seconds
 from solver.spec.domain import Framework, Island, ModelSpec, Recompute
 from solver.spec.loaders import load_catalog, load_job
 
@@ -223,7 +223,7 @@ def test_the_plan_cache_keeps_k():
     """A cached partial plan row carries ``recompute_layers`` (None or k) back exactly."""
     import json
 
-    from solver.planner.plancache import plan_from_row, plan_to_row
+    from solver.planner.stages.plancache import plan_from_row, plan_to_row
     model = REFERENCE_MODELS[0]
     plan = AnalyticParallelizer().plan(ModelSlice(model, 8), _island(),
                                        PlanContext(2048, 8, 8))[0]
@@ -295,7 +295,7 @@ def test_the_least_k_plan_is_the_best_over_every_k(tmp_path, monkeypatch):
     plan searched with every k, and it recomputes part of a stage."""
     import solver.cost.parallelizer as par_module
     import solver.cost.stage_options as options_module
-    from solver.planner.search import plan_job
+    from solver.planner.stages.search import plan_job
     path = tmp_path / "job.toml"
     path.write_text(PLANNED)
     job = load_job(path)

@@ -1,4 +1,4 @@
-"""The runtimes' job-level rules (:mod:`solver.cost.frameworks`), checked by hand against the
+"""The runtimes' job-level rules (:mod:`solver.cost.runtime.frameworks`), checked by hand against the
 runtimes' own checks cited in the functions' docstrings, and their enforcement in the search
 space (:func:`solver.cost.configs.enumerate_configs`)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from solver.cost.configs import FeatureSet, enumerate_configs
-from solver.cost.frameworks import (cp_allowed, expert_parallel_sizes, megatron_interleaves,
+from solver.cost.runtime.frameworks import (cp_allowed, expert_parallel_sizes, megatron_interleaves,
                                     precision_problem,
                                     profile, tp_allowed, vendor_problem, violations)
 from solver.cost.partial import PlanContext
@@ -132,7 +132,7 @@ def test_tied_embedding_across_flagscale_meshes():
     # pre_validate_args: untied false -> tp[0] == tp[-1]; dp[0], dp[-1] divide one another.
     from dataclasses import replace
 
-    from solver.cost.frameworks import shared_embedding_problems
+    from solver.cost.runtime.frameworks import shared_embedding_problems
     tied = replace(GQA4, tied_embeddings=True)
     a, b = StageConfig(tp=4, dp=4), StageConfig(tp=4, dp=2)
     assert shared_embedding_problems([a, b], FS, tied) == []

@@ -17,7 +17,7 @@ from solver.cost.parallelizer import AnalyticParallelizer, PlanContext
 from solver.cost.stage_options import (candidate_mask, pareto_capacity_mask, shares_across_n,
                                        stage_candidates)
 from solver.islands import group_island
-from solver.planner.runs import cluster_islands
+from solver.planner.stages.runs import cluster_islands
 from solver.spec.domain import Schedule
 from solver.spec.loaders import load_job
 

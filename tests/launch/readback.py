@@ -159,6 +159,6 @@ def island(name: str, gpu, nodes: int, per_node: int = 8) -> Island:
 @functools.lru_cache(maxsize=None)
 def shipped_plan(name: str) -> Plan:
     """The default plan of shipped job ``name`` (planned once per test session)."""
-    from solver.planner.search import plan_job
+    from solver.planner.stages.search import plan_job
     from solver.spec.loaders import INSTANCES, load_job
     return plan_job(load_job(INSTANCES / "jobs" / f"{name}.toml"))

@@ -9,7 +9,7 @@ import yaml
 
 from solver.cli.main import main
 from solver.launch import NotExpressible, flagscale_config, megatron_args, meshes
-from solver.planner.search import plan_job
+from solver.planner.stages.search import plan_job
 from solver.spec.loaders import INSTANCES, load_job
 
 SEED = INSTANCES / "jobs" / "seed-llama3-70b.toml"

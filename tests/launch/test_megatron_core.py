@@ -133,7 +133,7 @@ def mcore():
 
 
 def test_a_plan_of_several_layouts_says_why_in_one_line():
-    from solver.planner.search import plan_job
+    from solver.planner.stages.search import plan_job
     # The worked example's FlagScale plan: H100 stages at dp 8, A100 stages at dp 16.
     plan = plan_job(load_job(INSTANCES / "jobs" / "seed-llama3-70b.toml"))
     with pytest.raises(NotExpressible, match="export to flagscale") as exc:
@@ -177,7 +177,7 @@ def _job(name, tmp_path):
 @pytest.mark.parametrize("name", JOBS + ["moe", "qwen2"] + [f"core:{n}" for n in CORE_JOBS])
 def test_megatron_core_accepts_the_export(mcore, name, tmp_path):
     import torch
-    from solver.planner.search import plan_job
+    from solver.planner.stages.search import plan_job
     plan = plan_job(_job(name, tmp_path))
     cfg, calc = _judge(plan, torch)
     assert calc.get() == plan.n_micro
@@ -220,7 +220,7 @@ def test_megatron_core_rejects_a_wrong_export(mcore):
     groups, are what Megatron-Core refuses."""
     import torch
     from megatron.core.transformer.transformer_config import TransformerConfig
-    from solver.planner.search import plan_job
+    from solver.planner.stages.search import plan_job
     plan = plan_job(load_job(INSTANCES / "jobs" / "homog-a100-llama2-13b.toml"))
     kw = _config_kwargs(_flags(megatron_args(plan)), torch)
     with pytest.raises(ValueError, match="sequence paral+elism"):  # 0.14 spells it "paralllelism"

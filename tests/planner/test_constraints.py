@@ -8,8 +8,8 @@ import math
 import pytest
 
 from solver.cli.main import main
-from solver.planner.search import PlannerConfig, plan_job
-from solver.planner.validate import problems
+from solver.planner.stages.search import PlannerConfig, plan_job
+from solver.planner.check.validate import problems
 from solver.spec.domain import Recompute, SolverKind
 from solver.spec.errors import InputError
 from solver.spec.loaders import load_job

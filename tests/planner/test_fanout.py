@@ -6,7 +6,7 @@ import multiprocessing as mp
 
 import pytest
 
-from solver.planner.fanout import SharedBest, fan_out
+from solver.planner.stages.fanout import SharedBest, fan_out
 
 FORK = "fork" in mp.get_all_start_methods()
 

@@ -1,4 +1,4 @@
-"""The floor stage table (:mod:`solver.planner.floor_table`): every option the parallelizer
+"""The floor stage table (:mod:`solver.planner.bounds.floor_table`): every option the parallelizer
 prices is at least its floor entry (latency and per-iteration time), so the floor table's optimum is at most the real one and a
 cut against a bar never drops a plan that beats it."""
 
@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from solver.compose.group_dp import compose_groups_dp
 from solver.cost.parallelizer import AnalyticParallelizer
-from solver.planner import search as search_module
-from solver.planner.candidates import TableSpec, build_stage_table
-from solver.planner.floor_table import floor_cuts, floor_table
-from solver.planner.replica_plan import replica_job
-from solver.planner.search import (PlannerConfig, _restrictions, link_rates, plan_job,
+from solver.planner.stages import search as search_module
+from solver.planner.stages.candidates import TableSpec, build_stage_table
+from solver.planner.bounds.floor_table import floor_cuts, floor_table
+from solver.planner.replica.replica_plan import replica_job
+from solver.planner.stages.search import (PlannerConfig, _restrictions, link_rates, plan_job,
                                    rule_tables, run_groups, search, views)
 from solver.spec.domain import Precision
 from solver.spec.errors import InfeasibleError
@@ -165,7 +165,7 @@ def test_floors_remembered_per_micro_batch_are_the_floors_computed():
     """Two replica jobs of one micro-batch (64 sequences at n = 4 and 128 at n = 8): the floor
     tables built through the replica search's memo (the second from the first's floors) equal
     those built without it."""
-    from solver.planner.memo import MemoParallelizer
+    from solver.planner.stages.memo import MemoParallelizer
     job = load_job(INSTANCES / "jobs" / "small-7b-512.toml")
     islands = ("i0-H200-SXM-141GB", "i1-H100-SXM-80GB")
     memo = MemoParallelizer(AnalyticParallelizer(job.planner.features))
@@ -191,7 +191,7 @@ def test_the_cost_model_raises_the_floor_above_the_kernels_alone(monkeypatch):
                                        _restrictions(run, frozenset(), None),
                                        run.job.planner.overlap).objective
     assert value > latencies_only
-    monkeypatch.setattr("solver.planner.floor_table.stage_calibration", lambda par: None)
+    monkeypatch.setattr("solver.planner.bounds.floor_table.stage_calibration", lambda par: None)
     kernels = _floor_latencies(run)
     finite = [np.isfinite(kernels[k]) for k in kernels]
     assert all(np.all(with_model[k][f] >= kernels[k][f]) for k, f in zip(kernels, finite))
@@ -206,7 +206,7 @@ def test_random_asks_plan_the_same_with_and_without_the_cut(name, data):
     """Seeded random replica asks (island set, share, n_micro fixed or searched, a budget
     around the ask's optimum): the floor table's cut, its per-iteration floors and the memo's
     remembered floors change nothing but the work."""
-    from solver.planner.memo import MemoParallelizer
+    from solver.planner.stages.memo import MemoParallelizer
     job = load_job(INSTANCES / "jobs" / f"{name}.toml")
     names = [i.name for i in job_islands_of(job)]
     chosen = tuple(data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=len(names),
@@ -237,7 +237,7 @@ def test_random_asks_plan_the_same_with_and_without_the_cut(name, data):
 
 
 def job_islands_of(job):
-    from solver.planner.search import job_islands
+    from solver.planner.stages.search import job_islands
     return job_islands(job).islands
 
 
@@ -265,7 +265,7 @@ def test_the_relaxed_cut_never_cuts_where_the_floor_table_has_a_plan(name):
     """The relaxed floor (every length, no head or embedding terms, no links; per-iteration
     floors only as the cut to shorter stages) cuts only below the floor table's optimum, and
     it does cut there: at 0.9 times it on some view."""
-    from solver.planner.floor_table import relaxed_cuts
+    from solver.planner.bounds.floor_table import relaxed_cuts
     cut_below = False
     for run, spec, best in _floor_optima(name):
         for ratio in (1 + 1e-9, 1.01, 1.5):
@@ -279,7 +279,7 @@ def test_the_per_iteration_floors_cut_where_the_latency_bounds_do_not(name):
     """At 0.98 times the floor table's optimum, some view the latency bounds alone cannot
     settle is settled once the per-iteration floors count (the cut is below that optimum,
     where no plan of the floor table is, so it is a right cut)."""
-    from solver.planner.floor_table import _least_stages, relaxed_cuts
+    from solver.planner.bounds.floor_table import _least_stages, relaxed_cuts
     settled = [run.view for run, spec, best in _floor_optima(name)
                if _least_stages(run, spec).might_beat(run.n_micro, best * 0.98)
                and relaxed_cuts(run, best * 0.98, spec)]

@@ -9,18 +9,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solver.cost.frameworks import megatron_interleaves
+from solver.cost.runtime.frameworks import megatron_interleaves
 from solver.cost.parallelizer import (AnalyticParallelizer, prices_interleaving_above_plain,
                                       stage_calibration)
 from solver.cost.stage import ModelSlice
 from solver.islands import group_island
-from solver.planner.interleaved import (_context, best_interleaved, chunk_counts, one_mesh_floor,
+from solver.planner.stages.interleaved import (_context, best_interleaved, chunk_counts, one_mesh_floor,
                                         plain_floor)
 from solver.planner.plan import interleaved_cycle_time
-from solver.planner.memo import MemoParallelizer
-from solver.planner.runs import cluster_islands
-from solver.planner.search import PlannerConfig, plan_job
-from solver.planner.validate import problems
+from solver.planner.stages.memo import MemoParallelizer
+from solver.planner.stages.runs import cluster_islands
+from solver.planner.stages.search import PlannerConfig, plan_job
+from solver.planner.check.validate import problems
 from solver.spec.domain import SolverKind
 from solver.spec.loaders import INSTANCES, load_job
 
@@ -69,7 +69,7 @@ def test_homogeneous_job_interleaves_and_matches_brute_force(homog):
 
 def test_interleaving_is_taken_only_when_it_beats_plain_1f1b(homog, monkeypatch):
     job, plan = homog
-    import solver.planner.search as search
+    import solver.planner.stages.search as search
     monkeypatch.setattr(search, "best_interleaved", lambda *a, **k: (None, 0))
     plain = plan_job(job)
     assert plain.virtual_stages == 1
@@ -106,7 +106,7 @@ def test_heterogeneous_multi_stage_plans_never_interleave():
 
 def test_compute_floor_is_below_every_interleaved_plan(homog):
     job, plan = homog
-    from solver.planner.floors import compute_floor
+    from solver.planner.bounds.floors import compute_floor
     stage = plan.stages[0]
     assert compute_floor(job, stage.island, len(stage.nodes)) < plan.iteration_time_s
 
@@ -206,7 +206,7 @@ def test_one_mesh_floor_is_below_the_plain_floor_it_stands_for(data):
 
 def test_one_mesh_cut_changes_no_answer(monkeypatch):
     """The family with the one-mesh cut and without it (the plain-floor cut on in both)."""
-    import solver.planner.interleaved as interleaved
+    import solver.planner.stages.interleaved as interleaved
     job = FLOOR_JOBS[1]
     par = AnalyticParallelizer(job.planner.features)
     views = [(cluster_islands(job), "islands")]

@@ -8,7 +8,7 @@ import pytest
 
 from solver.cost.memory import substage_memory
 from solver.cost.stage import ConfigArrays, StageConfig
-from solver.planner.memory_check import held_micro_batches, layer_counts, substage_bytes
+from solver.planner.check.memory_check import held_micro_batches, layer_counts, substage_bytes
 from conftest import REFERENCE_MODELS
 from solver.spec.domain import Framework, Recompute
 
@@ -55,8 +55,8 @@ def test_planted_in_flight_bug_is_caught(monkeypatch):
     planner emits a plan whose first stages do not fit; the independent count rejects it, while
     a check with the planner's own model would pass it."""
     import importlib
-    from solver.planner.search import plan_job
-    from solver.planner.validate import PlanInvalid
+    from solver.planner.stages.search import plan_job
+    from solver.planner.check.validate import PlanInvalid
     from solver.spec.loaders import INSTANCES, load_job
     memory = importlib.import_module("solver.cost.memory")
     job = load_job(INSTANCES / "jobs" / "homog-h100-llama3-70b.toml")  # activations bind
@@ -93,9 +93,9 @@ def test_independent_count_equals_the_model_on_shipped_plans(name):
     """Node groups, internal pipelining with interleaving, MoE, V100 (fp16, unfused attention)
     and L40S: the validator's own count equals the vectorized model stage by stage."""
     from solver.cost.efficiency import DEFAULT_CALIBRATION
-    from solver.planner.memory_check import plan_memory_gb
-    from solver.planner.search import plan_job
-    from solver.planner.validate import _flash
+    from solver.planner.check.memory_check import plan_memory_gb
+    from solver.planner.stages.search import plan_job
+    from solver.planner.check.validate import _flash
     from solver.spec.loaders import INSTANCES, load_job
     job = load_job(INSTANCES / "jobs" / f"{name}.toml")
     plan = plan_job(job)

@@ -13,8 +13,8 @@ from dataclasses import replace
 import pytest
 
 from solver.cli.main import main
-from solver.planner.search import PlannerConfig, plan_job
-from solver.planner.validate import problems
+from solver.planner.stages.search import PlannerConfig, plan_job
+from solver.planner.check.validate import problems
 from solver.spec.domain import ClusterSpec, JobSpec, NodeGroup, TrainingSpec
 from solver.spec.loaders import INSTANCES, load_job, load_model
 

@@ -12,10 +12,10 @@ from solver.cost.stage import ModelSlice
 from solver.cost.stage import substage_layers
 from solver.islands import group_island, whole_cluster
 from solver.launch import megatron_args
-from solver.planner.interleaved import _context
+from solver.planner.stages.interleaved import _context
 from solver.planner.plan import interleaved_cycle_time
-from solver.planner.search import job_islands, plan_job
-from solver.planner.validate import problems
+from solver.planner.stages.search import job_islands, plan_job
+from solver.planner.check.validate import problems
 from solver.spec.domain import Framework
 from solver.spec.loaders import INSTANCES, load_job
 from tests.planner.test_planner import write_job

@@ -8,9 +8,9 @@ import math
 import pytest
 
 from solver.planner.plan import _r, plan_json
-from solver.planner.replica_plan import replicated_json
-from solver.planner.replicas import ReplicaOptions, plan_replicas
-from solver.planner.search import plan_job
+from solver.planner.replica.replica_plan import replicated_json
+from solver.planner.replica.replicas import ReplicaOptions, plan_replicas
+from solver.planner.stages.search import plan_job
 from solver.spec.loaders import load_job
 from tests.planner.test_planner import write_job
 from tests.planner.test_replicas import _write
@@ -119,7 +119,7 @@ def test_json_of_interleaved_fp8_idle_and_unrounded_gap(plan):
 def test_replicated_json_passes_islands_idle_and_search_status(tmp_path):
     from dataclasses import replace
     from solver.planner.plan import SolverInfo
-    from solver.planner.search import job_islands
+    from solver.planner.stages.search import job_islands
     job = load_job(_write(tmp_path, gbits=3200.0, extra=""))  # fast enough for replicas
     rp = plan_replicas(job, plan_job(job), options=ReplicaOptions(share_steps=8))
     assert len(rp.replicas) > 1

@@ -29,8 +29,8 @@ from solver.planner.pruning import (
     memory_cap,
     stage_time_lb,
 )
-from solver.planner.search import PlannerConfig, plan_job, search, start_run
-from solver.planner.validate import PlanInvalid, problems, validate
+from solver.planner.stages.search import PlannerConfig, plan_job, search, start_run
+from solver.planner.check.validate import PlanInvalid, problems, validate
 from solver.spec.domain import Precision
 from solver.spec.loaders import INSTANCES, load_job
 
@@ -316,7 +316,7 @@ def test_a_single_unpipelined_stage_may_use_what_only_pipelines_forbid():
     """DeepSpeed runs ZeRO-3 without pipeline parallelism (its PipelineEngine asserts ZeRO < 2
     with it): one stage with pp = 1 and ZeRO-3 passes the profile check; two stages do not."""
     from dataclasses import replace
-    from solver.cost.frameworks import profile, violations
+    from solver.cost.runtime.frameworks import profile, violations
     from solver.spec.domain import Framework
     job = load_job(INSTANCES / "jobs" / "homog-a100-llama2-13b.toml")
     plan = plan_job(job)

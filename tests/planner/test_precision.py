@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from solver.cli.main import main
-from solver.planner.search import plan_job
+from solver.planner.stages.search import plan_job
 from solver.spec.loaders import load_job
 from tests.planner.test_planner import write_job
 

@@ -4,9 +4,9 @@ across jobs that differ only in their islands, and constraints that leave the is
 from __future__ import annotations
 
 from solver.cost.parallelizer import AnalyticParallelizer
-from solver.planner.memo import MemoParallelizer
-from solver.planner.replica_plan import replica_job
-from solver.planner.search import job_islands, plan_job
+from solver.planner.stages.memo import MemoParallelizer
+from solver.planner.replica.replica_plan import replica_job
+from solver.planner.stages.search import job_islands, plan_job
 from solver.spec.constraints import Constraints
 from solver.spec.loaders import load_job
 from tests.planner.test_replicas import _write

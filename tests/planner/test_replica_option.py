@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 
 from solver.cli.main import main
-from solver.planner.replica_runtime import replicas_runtime, shard_layout
-from solver.planner.replicas import replica_search_runs, why_no_replica_search
-from solver.planner.search import plan_job
+from solver.planner.replica.replica_runtime import replicas_runtime, shard_layout
+from solver.planner.replica.replicas import replica_search_runs, why_no_replica_search
+from solver.planner.stages.search import plan_job
 from solver.spec.loaders import load_job
 from tests.planner.test_replicas import REPLICAS, THREE, _write
 

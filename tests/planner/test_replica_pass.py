@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from solver.planner.replica_bounds import partitions, ranked_partitions
-from solver.planner.replica_pass import (ParallelPass, SearchState, partition_search,
+from solver.planner.replica.replica_bounds import partitions, ranked_partitions
+from solver.planner.replica.replica_pass import (ParallelPass, SearchState, partition_search,
                                          solve_partition)
-from solver.planner.replica_plan import allreduce_s
-from solver.planner.replica_workers import ReplicaMemo, ReplicaPlanner
-from solver.planner.replicas import ReplicaOptions, plan_replicas
-from solver.planner.search import PlannerConfig, job_islands, plan_job
+from solver.planner.replica.replica_plan import allreduce_s
+from solver.planner.replica.replica_workers import ReplicaMemo, ReplicaPlanner
+from solver.planner.replica.replicas import ReplicaOptions, plan_replicas
+from solver.planner.stages.search import PlannerConfig, job_islands, plan_job
 from solver.spec.loaders import load_job
 from tests.planner.test_replicas import _write
 

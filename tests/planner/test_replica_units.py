@@ -7,16 +7,16 @@ import math
 
 import pytest
 
-import solver.planner.replica_workers as replica_workers
-import solver.planner.replicas as replicas
-from solver.planner.replica_workers import ReplicaMemo, ReplicaPlanner
-from solver.planner.replica_pass import SearchState as _State
-from solver.planner.replica_pass import solve_partition as _solve_partition
-from solver.planner.replicas import (_note, best_shares, holds_model, partition_bound,
+import solver.planner.replica.replica_workers as replica_workers
+import solver.planner.replica.replicas as replicas
+from solver.planner.replica.replica_workers import ReplicaMemo, ReplicaPlanner
+from solver.planner.replica.replica_pass import SearchState as _State
+from solver.planner.replica.replica_pass import solve_partition as _solve_partition
+from solver.planner.replica.replicas import (_note, best_shares, holds_model, partition_bound,
                                      proportional_shares, rebalanced_shares, replica_floor,
                                      share_window)
-from solver.planner.search import PlannerConfig, job_islands, plan_job
-from solver.planner.replica_plan import allreduce_s, replica_job
+from solver.planner.stages.search import PlannerConfig, job_islands, plan_job
+from solver.planner.replica.replica_plan import allreduce_s, replica_job
 from solver.spec.domain import FeaturePreset
 from solver.spec.loaders import load_job
 from tests.planner.test_replicas import _write
@@ -142,7 +142,7 @@ def test_windows_bounds_and_memory_cut(job):
 
 
 def test_replica_floor_adds_the_fill_of_a_pipeline_across_islands(job):
-    from solver.planner.floors import compute_floor, kernel_floor
+    from solver.planner.bounds.floors import compute_floor, kernel_floor
     isl = job_islands(job).islands
     one, two = (isl[2],), (isl[0], isl[2])
     n, layers = job.training.n_micro, job.model.layers
@@ -176,13 +176,13 @@ def test_every_planned_share_is_on_the_grid(job, monkeypatch):
         return real(self, group, share, budget)
 
     monkeypatch.setattr(ReplicaMemo, "time", spy)
-    from solver.planner.replicas import ReplicaOptions, plan_replicas
+    from solver.planner.replica.replicas import ReplicaOptions, plan_replicas
     plan_replicas(job, plan_job(job), options=ReplicaOptions(share_steps=8))
     assert asked and all(b % 8 == 0 and 8 <= b <= 56 for b in asked)
 
 
 def test_two_workers_find_the_same_plan(job):
-    from solver.planner.replicas import ReplicaOptions, plan_replicas
+    from solver.planner.replica.replicas import ReplicaOptions, plan_replicas
     single = plan_job(job)
     # No wall-clock deadline: the proof asserted below never depends on the machine's load.
     one = plan_replicas(job, single, options=ReplicaOptions(share_steps=8, time_limit_s=math.inf))
@@ -209,7 +209,7 @@ def test_prefetch_fills_the_memo_from_the_workers(job):
 
 
 def test_proportional_incumbent_by_hand(job):
-    from solver.planner.replicas import _try_proportional
+    from solver.planner.replica.replicas import _try_proportional
     isl = job_islands(job).islands
     part = ((isl[0],), (isl[2],))
     shares = proportional_shares(job, part, 8)
@@ -294,7 +294,7 @@ def test_a_top_that_fails_settles_the_partition_before_the_other_top_is_planned(
 
 
 def test_export_refusal_text():
-    from solver.planner.replica_plan import not_exportable
+    from solver.planner.replica.replica_plan import not_exportable
     assert not_exportable((24, 8)) == (
         "the plan trains 2 pipeline replicas with batch shares [24, 8]; FlagScale's "
         "heterogeneous meshes form one pipeline and Megatron-LM runs one layout, so neither "
@@ -327,7 +327,7 @@ def test_one_partition_solved_from_scratch_equals_its_brute_force(job):
 
 
 def test_partitions_of_three_islands_by_hand(job):
-    from solver.planner.replicas import partitions
+    from solver.planner.replica.replicas import partitions
     a, b, c = job_islands(job).islands
     got = {frozenset(frozenset(i.name for i in g) for g in p) for p in partitions((a, b, c), 3)}
     n = lambda *xs: frozenset(x.name for x in xs)  # noqa: E731
@@ -341,7 +341,7 @@ def test_partitions_of_three_islands_by_hand(job):
 def test_plan_replicas_passes_the_parallelizer_and_reports_its_own_time(job):
     import time as clock
     from solver.cost.parallelizer import AnalyticParallelizer
-    from solver.planner.replicas import ReplicaOptions, plan_replicas
+    from solver.planner.replica.replicas import ReplicaOptions, plan_replicas
 
     class Spy(AnalyticParallelizer):
         used = 0
@@ -361,7 +361,7 @@ def test_plan_replicas_passes_the_parallelizer_and_reports_its_own_time(job):
 
 def test_workers_are_started_only_for_several_workers_and_no_parallelizer(job, monkeypatch):
     from solver.cost.parallelizer import AnalyticParallelizer
-    from solver.planner.replicas import ReplicaOptions, plan_replicas
+    from solver.planner.replica.replicas import ReplicaOptions, plan_replicas
     started, sent = [], []
     enter, plan = ReplicaPlanner.__enter__, ReplicaPlanner.plan
 
@@ -406,7 +406,7 @@ def test_holds_model_boundary_by_hand(job):
 
 
 def test_result_reports_gap_name_calls_and_the_single_plans_islands(job):
-    from solver.planner.replicas import ReplicaOptions, plan_replicas
+    from solver.planner.replica.replicas import ReplicaOptions, plan_replicas
     single = plan_job(job)
     stopped = plan_replicas(job, single, options=ReplicaOptions(share_steps=8, time_limit_s=1e-9))
     info = stopped.solver
@@ -422,7 +422,7 @@ def test_result_reports_gap_name_calls_and_the_single_plans_islands(job):
 @pytest.mark.parametrize("layers_times", [1, 12])
 def test_ranked_partitions_are_the_bounds_sorted_after_the_memory_cut(job, layers_times):
     from dataclasses import replace
-    from solver.planner.replicas import partitions, ranked_partitions
+    from solver.planner.replica.replicas import partitions, ranked_partitions
     big = replace(job, model=replace(job.model, layers=job.model.layers * layers_times))
     every = list(partitions(job_islands(big).islands, 3))
     expect = sorted((p for p in every if all(holds_model(big, g) for g in p)),

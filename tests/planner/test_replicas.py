@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 from conftest import CPSAT_WORK
 from formulations.shares_cpsat import solve_shares
 from solver.cli.main import main
-from solver.planner.replica_plan import (ReplicatedPlan, allreduce_s, full_allreduce_s,
+from solver.planner.replica.replica_plan import (ReplicatedPlan, allreduce_s, full_allreduce_s,
                                          replica_job, validate_replicated)
-from solver.planner.replicas import (ReplicaOptions, best_shares, partitions, plan_replicas,
+from solver.planner.replica.replicas import (ReplicaOptions, best_shares, partitions, plan_replicas,
                                      replica_floor, share_unit)
-from solver.planner.search import job_islands, plan_job
-from solver.planner.validate import PlanInvalid
+from solver.planner.stages.search import job_islands, plan_job
+from solver.planner.check.validate import PlanInvalid
 from solver.spec.errors import InfeasibleError
 from solver.spec.loaders import load_job
 
@@ -237,7 +237,7 @@ def test_the_single_pipeline_planned_by_the_search_gives_the_same_plan(tmp_path,
     # the first incumbent; as with many partitions, first below a share of it (``probe``):
     # near 0 that cuts it every time, and the plan comes from the second search, bounded by
     # the final incumbent.
-    import solver.planner.replicas as replicas
+    import solver.planner.replica.replicas as replicas
     if probe is not None:
         monkeypatch.setattr(replicas, "FEW_PARTITIONS", 0)
         monkeypatch.setattr(replicas, "SINGLE_PROBE", probe)
@@ -261,7 +261,7 @@ def test_the_single_pipeline_planned_by_the_search_gives_the_same_plan(tmp_path,
 def test_only_the_dp_plans_the_single_pipeline_bounded(tmp_path, monkeypatch, solver, bounded):
     # CP-SAT and MILP may stop at a limit, so "nothing under the bound" is no proof there:
     # their single pipeline is planned first, unbounded.
-    import solver.planner.replicas as replicas
+    import solver.planner.replica.replicas as replicas
     job = load_job(_write(tmp_path, batch=32, extra=f'[planner]\nsolver = "{solver}"\n'))
     uppers = []
 
@@ -385,7 +385,7 @@ def test_share_dp_cpsat_and_brute_force_agree(unit, replicas, data):
 
 def test_validator_messages_and_each_rule(mini):
     job, single, rp = mini
-    from solver.planner.replica_plan import Replica
+    from solver.planner.replica.replica_plan import Replica
     a, b, c = rp.replicas
     # Two faults reported together, joined by "; ", after the one prefix.
     both = replace(rp, replicas=(replace(a, share=a.share + 1), replace(b, share=b.share + 1), c))

@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 
 from formulations.island_merge import solve_island_merge
-from solver.cost.estimate_config import load_estimate_setup
+from solver.cost.estimating.estimate_config import load_estimate_setup
 from solver.islands import Thresholds, build_islands, phase1
-from solver.planner.runs import runnable_views
-from solver.planner.search import plan_job
-from solver.planner.validate import problems
+from solver.planner.stages.runs import runnable_views
+from solver.planner.stages.search import plan_job
+from solver.planner.check.validate import problems
 from solver.spec.domain import ClusterSpec, NodeGroup, Precision
 from solver.spec.errors import InputError
 from solver.spec.loaders import INSTANCES, load_job
@@ -128,7 +128,7 @@ def test_qwen3_jobs_plan_tp_dividing_the_kv_heads(name):
 def test_warnings_a_user_needs(catalog):
     from types import SimpleNamespace
 
-    from solver.cost.frameworks import mixed_kinds_note
+    from solver.cost.runtime.frameworks import mixed_kinds_note
     from solver.planner.notices import BUBBLE_WARNING, plan_warnings
     sxm, nvl = catalog["H100-SXM-80GB"], catalog["H100-NVL-94GB"]
     assert mixed_kinds_note({sxm}) is None

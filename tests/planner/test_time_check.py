@@ -13,10 +13,10 @@ import pytest
 
 from conftest import REFERENCE_MODELS
 from solver.cost.efficiency import DEFAULT_CALIBRATION, AttentionKernel
-from solver.cost.frameworks import PROFILES, Runtime
+from solver.cost.runtime.frameworks import PROFILES, Runtime
 from solver.cost.stage import ConfigArrays, ModelSlice, StageConfig
 from solver.cost.stage_costs import PipelineSetting, stage_costs, substage_latencies
-from solver.planner.time_check import plan_stage_seconds, stage_seconds, substage_seconds
+from solver.planner.check.time_check import plan_stage_seconds, stage_seconds, substage_seconds
 from solver.spec.domain import Island, ModelSpec, Node, Precision, Recompute, Schedule
 from solver.spec.loaders import INSTANCES, load_catalog, load_job
 
@@ -130,7 +130,7 @@ def test_overlap_formulas_by_hand():
     """TP overlap ``max(c - g, c / tp)`` and bucket hiding ``max(c - w (1 - 1/nb), c / nb)``,
     the same numbers through the vectorized model's helpers and the reference's."""
     from solver.cost import sync, timing
-    from solver.planner import time_check
+    from solver.planner.check import time_check
     mc = time_check._Setup(MODELS[0], 2048, None, DEFAULT_CALIBRATION, True,
                            PROFILES[Runtime().framework])
     ti = SimpleNamespace(profile=mc.profile)
@@ -193,7 +193,7 @@ def _variant(job, **planner):
 def test_reference_equals_the_model_on_shipped_plans(name, change):
     """The validator's recomputation equals the latencies and per-iteration terms the planner
     stored (from the vectorized model), stage by stage."""
-    from solver.planner.search import plan_job
+    from solver.planner.stages.search import plan_job
     from solver.spec.domain import Framework
     job = load_job(INSTANCES / "jobs" / f"{name}.toml")
     if change.get("fp8"):

@@ -1,4 +1,4 @@
-"""The compute floor of a view (:func:`solver.planner.floors.view_floor`): no plan beats it, so a
+"""The compute floor of a view (:func:`solver.planner.bounds.floors.view_floor`): no plan beats it, so a
 view whose floor is not below the bar is dismissed without losing a plan."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from solver.cost.parallelizer import AnalyticParallelizer
 from solver.cost.stage import ModelSlice
 from solver.islands import group_island
-from solver.planner.floors import compute_floor, kernel_floor, pipeline_floor, usable_nodes
-from solver.planner.interleaved import _context
+from solver.planner.bounds.floors import compute_floor, kernel_floor, pipeline_floor, usable_nodes
+from solver.planner.stages.interleaved import _context
 from solver.planner.plan import interleaved_cycle_time
-from solver.planner.runs import cluster_islands
-from solver.planner.search import PlannerConfig, job_islands, search, view_floor, views
+from solver.planner.stages.runs import cluster_islands
+from solver.planner.stages.search import PlannerConfig, job_islands, search, view_floor, views
 from solver.spec.domain import Precision
 from solver.spec.loaders import load_job
 
@@ -115,7 +115,7 @@ def test_the_floor_holds_where_attention_dominates(floor_jobs):
     faster than any GEMM. Charged at the GEMM ceiling, as before, the floor (5.18 s) stood
     above this plan (4.72 s, tp 8 x dp 16, no recomputation)."""
     from solver.cost.stage_costs import model_flops_per_token
-    from solver.planner.search import plan_job
+    from solver.planner.stages.search import plan_job
     job = floor_jobs[0]  # LONG_CONTEXT
     (island,) = job_islands(job).islands
     plan = plan_job(job)

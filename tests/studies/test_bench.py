@@ -11,7 +11,7 @@ import pytest
 import solver.cli.commands.bench as bench_cmd
 from solver.cli.main import main
 from solver.planner.pruning import Rule
-from solver.planner.search import PlannerConfig, plan_job, start_run
+from solver.planner.stages.search import PlannerConfig, plan_job, start_run
 from solver.spec.domain import SolverKind
 from solver.spec.loaders import load_job
 from solver.studies.bench import (

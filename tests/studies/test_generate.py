@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from solver.cli.main import main
 from solver.planner.pruning import Rule
-from solver.planner.search import PlannerConfig, plan_job
-from solver.planner.validate import problems
+from solver.planner.stages.search import PlannerConfig, plan_job
+from solver.planner.check.validate import problems
 from solver.spec.errors import InfeasibleError, InputError
 from solver.spec.loaders import load_job
 from solver.studies.generate import (

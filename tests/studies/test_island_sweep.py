@@ -13,7 +13,7 @@ import json
 import pytest
 
 from solver.cli.main import main
-from solver.planner.search import plan_job
+from solver.planner.stages.search import plan_job
 from solver.spec.errors import InputError
 from solver.spec.loaders import INSTANCES, load_cluster, load_job
 from solver.studies.island_sweep import (

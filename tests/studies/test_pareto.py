@@ -19,8 +19,8 @@ from solver.cli.main import main
 from solver.compose.dp import compose_brute, compose_dp
 from solver.compose.table import Budget, LatencyTable, Restrictions
 from solver.planner.pruning import Rule
-from solver.planner.search import PlannerConfig, plan_job, start_run
-from solver.planner.validate import problems
+from solver.planner.stages.search import PlannerConfig, plan_job, start_run
+from solver.planner.check.validate import problems
 from solver.spec.domain import SolverKind
 from solver.spec.errors import InfeasibleError, InputError
 from solver.spec.loaders import load_job

@@ -16,9 +16,9 @@ from solver.cli.main import main
 from solver.cli.report import island_json
 from solver.cost.parallelizer import AnalyticParallelizer, PlanContext
 from solver.cost.stage import ModelSlice
-from solver.planner.interleaved import chunk_options, interleaved_depths
+from solver.planner.stages.interleaved import chunk_options, interleaved_depths
 from solver.planner.plan import plan_json
-from solver.planner.plancache import (
+from solver.planner.stages.plancache import (
     CACHE_FORMAT,
     CacheKey,
     CachingParallelizer,
@@ -30,7 +30,7 @@ from solver.planner.plancache import (
     plan_to_row,
 )
 from solver.planner.pruning import Rule
-from solver.planner.search import PlannerConfig, plan_job
+from solver.planner.stages.search import PlannerConfig, plan_job
 from solver.spec.domain import FeaturePreset, Island
 from solver.spec.errors import InputError
 from solver.spec.loaders import INSTANCES, load_job, load_model
@@ -183,7 +183,7 @@ def test_key_hashes_every_module_the_parallelizer_runs():
     import ast
     import importlib
 
-    from solver.planner.plancache import COST_MODEL_MODULES
+    from solver.planner.stages.plancache import COST_MODEL_MODULES
     seen, todo = set(), ["solver.cost.parallelizer"]
     while todo:
         name = todo.pop()

@@ -11,10 +11,10 @@ import pytest
 from solver.cli.main import main
 from solver.cli.report import island_json
 from solver.cost.parallelizer import AnalyticParallelizer
-from solver.planner.plancache import CachingParallelizer, MemoryStore
+from solver.planner.stages.plancache import CachingParallelizer, MemoryStore
 from solver.planner.plan import plan_json
-from solver.planner.replica_plan import ReplicatedPlan, replicated_json
-from solver.planner.replicas import ReplicaOptions, plan_replicas
+from solver.planner.replica.replica_plan import ReplicatedPlan, replicated_json
+from solver.planner.replica.replicas import ReplicaOptions, plan_replicas
 from solver.spec.errors import InputError
 from solver.spec.loaders import load_job
 from solver.studies.pareto import plan_with_targets

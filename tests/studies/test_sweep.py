@@ -9,11 +9,11 @@ import pytest
 from conftest import INSTANCES
 from conftest import MINI_AUTO as MINI
 
-import solver.planner.search as search
+import solver.planner.stages.search as search
 from solver.cli.main import main
 from solver.planner.plan import cycle_time
-from solver.planner.search import PlannerConfig
-from solver.planner.validate import validate
+from solver.planner.stages.search import PlannerConfig
+from solver.planner.check.validate import validate
 from solver.spec.domain import TrainingSpec
 from solver.spec.loaders import load_job
 from solver.studies.sweep import (

@@ -7,8 +7,8 @@ import dataclasses
 
 from solver.cli.report import emit_json
 from solver.cost.efficiency import DEFAULT_CALIBRATION
-from solver.cost.estimate import Estimate, EstimateSetup, estimate
-from solver.cost.estimate_config import load_estimate_setup
+from solver.cost.estimating.estimate import Estimate, EstimateSetup, estimate
+from solver.cost.estimating.estimate_config import load_estimate_setup
 
 
 def register(sub: argparse._SubParsersAction) -> None:

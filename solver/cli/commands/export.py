@@ -15,7 +15,7 @@ from pathlib import Path
 
 from solver.launch import NotExpressible, flagscale_hostfile, flagscale_yaml, megatron_launch
 from solver.planner.plan import Plan
-from solver.planner.replica_plan import not_exportable
+from solver.planner.replica.replica_plan import not_exportable
 from solver.spec.errors import InputError
 from solver.spec.fields import read_json, write_atomic
 from solver.spec.loaders import load_job

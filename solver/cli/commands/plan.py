@@ -11,10 +11,10 @@ from solver.cli.report import (emit_json, idle_lines, island_json, island_rows, 
 from solver.planner.baselines import Baseline, plan_baseline
 from solver.planner.notices import plan_warnings
 from solver.planner.plan import Plan, plan_json
-from solver.planner.replica_plan import ReplicatedPlan, replicated_json
-from solver.planner.replicas import (ReplicaOptions, plan_replicas, replica_search_runs,
+from solver.planner.replica.replica_plan import ReplicatedPlan, replicated_json
+from solver.planner.replica.replicas import (ReplicaOptions, plan_replicas, replica_search_runs,
                                      why_no_replica_search)
-from solver.planner.search import PlannerConfig
+from solver.planner.stages.search import PlannerConfig
 from solver.spec.domain import FeaturePreset, JobSpec, SolverKind
 from solver.spec.errors import InputError
 from solver.spec.loaders import load_job
@@ -86,7 +86,7 @@ def make_plan(args: argparse.Namespace, job: JobSpec | None = None) -> Plan:
     parallelizer = None
     if args.cache:
         from solver.cost.parallelizer import AnalyticParallelizer
-        from solver.planner.plancache import CachingParallelizer, open_store
+        from solver.planner.stages.plancache import CachingParallelizer, open_store
         parallelizer = CachingParallelizer(AnalyticParallelizer(features or job.planner.features),
                                            open_store(args.cache))
     return plan_with_targets(job, config, parallelizer)
@@ -105,7 +105,7 @@ def replica_options(args: argparse.Namespace) -> ReplicaOptions:
 
 def plan_and_replicas(args: argparse.Namespace) -> tuple[Plan, ReplicatedPlan | None]:
     """The single-pipeline plan and the replica search where it runs (not for a baseline, nor
-    where :func:`~solver.planner.replicas.replica_search_runs` says no). Without ``--cache``
+    where :func:`~solver.planner.replica.replicas.replica_search_runs` says no). Without ``--cache``
     (whose store the single pipeline's full search fills for ``replan``) the replica search
     plans the single pipeline itself, bounded by its first replicas (the same plan, found
     sooner); the plan returned is then the winning replica's when one replica wins."""

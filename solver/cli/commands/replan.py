@@ -16,8 +16,8 @@ from solver.cli.replicated import render_replicated
 from solver.cli.report import emit_json, island_json
 from solver.cost.parallelizer import AnalyticParallelizer
 from solver.planner.plan import Plan
-from solver.planner.replica_plan import replicated_json
-from solver.planner.plancache import CachingParallelizer, open_store
+from solver.planner.replica.replica_plan import replicated_json
+from solver.planner.stages.plancache import CachingParallelizer, open_store
 from solver.spec.fields import read_json
 from solver.spec.loaders import load_catalog, load_job
 from solver.studies.replan import ClusterChange, Replanned, load_added_nodes, replan

@@ -13,7 +13,7 @@ import argparse
 import json
 
 from solver.cli.report import render_table
-from solver.planner.search import PlannerConfig
+from solver.planner.stages.search import PlannerConfig
 from solver.spec.domain import FeaturePreset, JobSpec, SolverKind
 from solver.spec.errors import InfeasibleError, InputError
 from solver.spec.loaders import load_job

@@ -2,7 +2,7 @@
 
 ``python -m solver.cost.fidelity [--json] [--csv FILE]`` evaluates every row of
 ``instances/calibration/published-runs-dev.csv`` with its own layout and framework through the
-cost model ``tangram estimate`` uses (:mod:`solver.cost.estimate`), and prints per row the
+cost model ``tangram estimate`` uses (:mod:`solver.cost.estimating.estimate`), and prints per row the
 predicted and measured seconds per iteration, their ratio, the predicted memory and whether it
 fits, then the summary the targets are stated in (median |error|, share within ±15 %, worst row,
 rows predicted not to fit, rows refused with the reason). :mod:`~solver.cost.fidelity.rows`

@@ -1,6 +1,6 @@
 """Each development-set row through the cost model ``tangram estimate`` uses, and the summary.
 
-A row becomes an :class:`~solver.cost.estimate.EstimateSetup` with its own model shape, GPU,
+A row becomes an :class:`~solver.cost.estimating.estimate.EstimateSetup` with its own model shape, GPU,
 layout, precision and framework. What the source does not state is chosen the way the
 runtime's user would tune it, by the model itself and the same for every row: an empty
 ``micro_batch`` is the fastest fitting one (``estimate``'s automatic micro-batch), an empty
@@ -20,9 +20,9 @@ import statistics
 from dataclasses import dataclass
 
 from solver.cost.efficiency import DEFAULT_CALIBRATION, AttentionKernel, Calibration
-from solver.cost.estimate import Estimate, EstimateSetup, estimate
+from solver.cost.estimating.estimate import Estimate, EstimateSetup, estimate
 from solver.cost.fidelity.rows import RunRow
-from solver.cost.frameworks import profile, violations
+from solver.cost.runtime.frameworks import profile, violations
 from solver.cost.stage import StageConfig
 from solver.spec.domain import (Framework, GPUSpec, Island, ModelSpec, Precision, Recompute,
                                 Schedule)
@@ -209,7 +209,7 @@ def _best(tries: list[Estimate]) -> Estimate:
 
 
 def evaluate_row(row: RunRow, catalog: dict[str, GPUSpec], epsilon: float = 0.1) -> RowResult:
-    """The row through :func:`~solver.cost.estimate.estimate` (or its refusal)."""
+    """The row through :func:`~solver.cost.estimating.estimate.estimate` (or its refusal)."""
     measured = row.measured_iteration_s()
     reason = refusal(row, catalog)
     if reason:

@@ -32,15 +32,15 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from solver.cost.calibration import BOUNDS
+from solver.cost.calibrate.calibration import BOUNDS
 from solver.cost.efficiency import Calibration, GemmKernel
 from solver.cost.parallelizer import kernel_calibration
 from solver.cost.stage_costs import attention_flops_per_token, model_flops_per_token
 from solver.planner.pruning import precision_speedup
 from solver.spec.domain import Island, JobSpec, ModelSpec, Precision
 
-if TYPE_CHECKING:  # annotations only (the runs are built in solver.planner.runs)
-    from solver.planner.runs import PlanningRun
+if TYPE_CHECKING:  # annotations only (the runs are built in solver.planner.stages.runs)
+    from solver.planner.stages.runs import PlanningRun
 
 __all__ = ["kernel_rates", "kernel_floor", "compute_floor", "usable_nodes", "pipeline_floor",
            "view_floor"]

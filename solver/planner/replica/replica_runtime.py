@@ -21,7 +21,7 @@ and equal shares are one pipeline whose every mesh has ``dp × R``: FlagScale ru
 Megatron-LM too when the pipeline is one layout on one GPU kind. Any other replicas run on no
 supported runtime, and the plan says so. Replicas whose *shard layouts* match
 (:func:`shard_layout`) hold the same gradient shards GPU by GPU, which is what prices their
-exchange as a shard-wise ring (:mod:`solver.planner.replica_plan`).
+exchange as a shard-wise ring (:mod:`solver.planner.replica.replica_plan`).
 """
 
 from __future__ import annotations

@@ -1,26 +1,26 @@
 """Data parallelism across islands: the exact search over pipeline replicas and batch shares.
 
 The search space: a partition of (some of) the islands into ``R`` sets, ``2 ≤ R ≤ max_replicas``,
-each set running one pipeline replica planned exactly by :func:`~solver.planner.search.plan_job`
+each set running one pipeline replica planned exactly by :func:`~solver.planner.stages.search.plan_job`
 (node-group stages, ``n_micro`` as the job says), with a share ``b_r`` of the global batch that
 is a multiple of the share unit ``u`` (:func:`share_unit`); the objective is
-:mod:`solver.planner.replica_plan`'s, its exchange across replicas priced on the replicas'
+:mod:`solver.planner.replica.replica_plan`'s, its exchange across replicas priced on the replicas'
 plans (a shard-wise ring where their shard layouts match, else a full-gradient all-reduce).
 The single-pipeline plan (``R = 1``) is the incumbent, so the result is never worse than it.
 The search is a research option a job asks for (``[planner] replicas = true``,
 :func:`replica_search_runs`): no runtime the planner exports to trains separate pipelines,
-and the plan says which could (:mod:`solver.planner.replica_runtime`).
+and the plan says which could (:mod:`solver.planner.replica.replica_runtime`).
 
 Exactness. For one partition the best shares are a min-max allocation, solved exactly by a
-dynamic program over replicas (:func:`~solver.planner.replica_pass.best_shares`) on every share
-a better plan could use, then priced (:func:`~solver.planner.replica_pass.priced_shares`: the
+dynamic program over replicas (:func:`~solver.planner.replica.replica_pass.best_shares`) on every share
+a better plan could use, then priced (:func:`~solver.planner.replica.replica_pass.priced_shares`: the
 min-max shares, or the best shares whose plans share one shard layout at the ring's price).
 Every replica runs its own job's optimal plan (its share on its islands), as before the
 exchange was priced on layouts: a slower plan of a replica chosen only to match another
 replica's shard layout is outside the search space. Partitions are visited in order of a
 lower bound and the search stops when the bound reaches the incumbent
-(:mod:`solver.planner.replica_pass`; with workers several partitions side by side). Every cut
-is provably safe (:mod:`solver.planner.replica_bounds`): the partition bound (the shard-wise
+(:mod:`solver.planner.replica.replica_pass`; with workers several partitions side by side). Every cut
+is provably safe (:mod:`solver.planner.replica.replica_bounds`): the partition bound (the shard-wise
 ring, the least exchange the partition can pay, plus the continuous min-max of the replicas'
 floors), the share windows (shares whose replica alone, at its floor, is not faster than the
 incumbent, or that leave the others more than they can do in time, are not planned) and the
@@ -48,19 +48,19 @@ import math
 import time
 from dataclasses import dataclass, replace
 
-from solver.cost.frameworks import precision_problem, profile
+from solver.cost.runtime.frameworks import precision_problem, profile
 from solver.cost.parallelizer import Parallelizer
 from solver.islands import same_vendor
 from solver.planner.plan import Plan, SolverInfo
-from solver.planner.replica_bounds import (Partition, holds_model, partition_bound, partitions,
+from solver.planner.replica.replica_bounds import (Partition, holds_model, partition_bound, partitions,
                                            proportional_shares, ranked_partitions,
                                            rebalanced_shares, replica_floor, share_window)
-from solver.planner.replica_pass import SearchState, best_shares, exact_pass
-from solver.planner.replica_plan import (Replica, ReplicatedPlan, allreduce_s, exchange_s,
+from solver.planner.replica.replica_pass import SearchState, best_shares, exact_pass
+from solver.planner.replica.replica_plan import (Replica, ReplicatedPlan, allreduce_s, exchange_s,
                                          validate_replicated)
-from solver.planner.replica_workers import ReplicaMemo, ReplicaPlanner
-from solver.planner.runs import REL_TIE, resolved
-from solver.planner.search import PlannerConfig, job_islands, plan_job
+from solver.planner.replica.replica_workers import ReplicaMemo, ReplicaPlanner
+from solver.planner.stages.runs import REL_TIE, resolved
+from solver.planner.stages.search import PlannerConfig, job_islands, plan_job
 from solver.spec.domain import Island, JobSpec, SolverKind
 from solver.spec.errors import InfeasibleError
 
@@ -232,7 +232,7 @@ def _search(reps: ReplicaMemo,
     the exact pass; and the single pipeline again, bounded by the final incumbent, unless the
     probe's cut already covers it. Returns the single pipeline."""
     job, (st, one, config, par) = reps.job, state
-    # The runtimes' rules (solver.cost.frameworks): replicas exchange gradients over one
+    # The runtimes' rules (solver.cost.runtime.frameworks): replicas exchange gradients over one
     # communicator (one vendor), in the job's one precision.
     islands = tuple(i for i in islands if not any(
         precision_problem(n.gpu, job.training.precision) for n in i.nodes))

@@ -6,10 +6,10 @@ cluster — the islands of Algorithm 1, and the whole cluster as one island at i
 members' figures (what a heterogeneity-oblivious planner sees, so the result is never worse
 than that plan) — and composes it exactly (:func:`solver.compose.group_dp.compose_groups_dp`,
 or CP-SAT / MILP). Without a fixed ``n_micro`` every divisor of the global batch up to
-:data:`solver.planner.candidates.MAX_AUTO_MICRO` is planned, largest first, and the best kept
+:data:`solver.planner.stages.candidates.MAX_AUTO_MICRO` is planned, largest first, and the best kept
 (ties: smaller ``n``, then the islands' view); the ``n_micro`` values may be searched by several
-processes that share the best plan (:mod:`solver.planner.fanout`), each search reading it as it
-runs, with the same result. What a run is made of is in :mod:`solver.planner.runs`.
+processes that share the best plan (:mod:`solver.planner.stages.fanout`), each search reading it as it
+runs, with the same result. What a run is made of is in :mod:`solver.planner.stages.runs`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from solver.cost.frameworks import job_runtime, profile
+from solver.cost.runtime.frameworks import job_runtime, profile
 from solver.compose.group_dp import Live
 from solver.compose.stage_table import GroupRestrictions
 from solver.compose.table import Position, slice_position
@@ -28,21 +28,21 @@ from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, stage_costs
 from solver.islands import IslandSet, group_island, node_key
-from solver.planner.candidates import TableSpec, build_stage_table, candidate_n_micro
-from solver.planner.fanout import SharedBest, fan_out
-from solver.planner.floor_table import floor_cuts, relaxed_cuts
-from solver.planner.floors import view_floor
-from solver.planner.interleaved import best_interleaved
+from solver.planner.stages.candidates import TableSpec, build_stage_table, candidate_n_micro
+from solver.planner.stages.fanout import SharedBest, fan_out
+from solver.planner.bounds.floor_table import floor_cuts, relaxed_cuts
+from solver.planner.bounds.floors import view_floor
+from solver.planner.stages.interleaved import best_interleaved
 from solver.planner.plan import Plan, SolverInfo, StagePlan
-from solver.planner.reasons import explain_infeasible, idle_nodes
-from solver.planner.runs import (REL_TIE, VIEW_ISLANDS, VIEW_WHOLE, Composed, PlannerConfig,
+from solver.planner.stages.reasons import explain_infeasible, idle_nodes
+from solver.planner.stages.runs import (REL_TIE, VIEW_ISLANDS, VIEW_WHOLE, Composed, PlannerConfig,
                                  PlanningRun, cluster_islands, job_islands, resolved, start_run,
                                  views)
 from solver.planner.pruning import (Rule, balance_window, bound_window, interface_bans,
                                     interface_bans_safe, layer_work_flops, memory_cap,
                                     stage_time_lb)
-from solver.planner.solve import solve_stage_table
-from solver.planner.validate import validate
+from solver.planner.stages.solve import solve_stage_table
+from solver.planner.check.validate import validate
 from solver.spec.domain import Island, JobSpec, Schedule
 from solver.spec.errors import InfeasibleError
 
@@ -60,9 +60,9 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
     ``upper``: only plans faster than this many seconds per iteration are sought (the search
     cuts everything else); the optimum is returned when it is faster. With ``config.workers``
     > 1 (and no ``parallelizer`` given) the ``n_micro`` values are searched by that many
-    processes sharing the best plan (:mod:`solver.planner.fanout`); the plan is the same.
+    processes sharing the best plan (:mod:`solver.planner.stages.fanout`); the plan is the same.
     ``islands``: Algorithm 1's islands of the job's cluster, when built already
-    (:func:`~solver.planner.runs.cluster_islands`; built once here otherwise).
+    (:func:`~solver.planner.stages.runs.cluster_islands`; built once here otherwise).
 
     Raises
     ------
@@ -311,7 +311,7 @@ def compose(run: PlanningRun, spec: TableSpec, bans: frozenset,
     """Build the stage table ``spec`` allows and compose it with the run's solver (None: no
     plan fits, or the floor table proves none beats ``incumbent`` or ``live``; a result
     without stages: proven not to beat them). With ``floor_cut`` the floor table
-    (:func:`~solver.planner.floor_table.floor_cuts`, provably safe) is composed first, so a
+    (:func:`~solver.planner.bounds.floor_table.floor_cuts`, provably safe) is composed first, so a
     table that cannot beat the bar is never priced."""
     rate = link_rates(run)
     restr = _restrictions(run, bans, restrictions)

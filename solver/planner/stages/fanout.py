@@ -1,6 +1,6 @@
 """Work over a list in forked processes that share the best value found so far.
 
-The n_micro search (:func:`solver.planner.search.plan_job`) plans every ``n`` against the best
+The n_micro search (:func:`solver.planner.stages.search.plan_job`) plans every ``n`` against the best
 plan of the others: a plan found at one ``n`` is the bound the next searches must beat. With
 several processes each takes the next item in the list's order and reads and offers one shared
 best, so a plan found by one process tightens the other's bounds at once. Which process plans

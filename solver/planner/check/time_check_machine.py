@@ -1,7 +1,7 @@
 """The independent time check's machine: one GPU of an island and its links, derived from the
 catalog and the calibration without the cost model's own link code (``solver.cost.efficiency``'s
 ``Links``): the NVLink domain, PCIe between peers outside it, and the NIC beyond, for rings,
-strided groups and all-to-all. Used by :mod:`solver.planner.time_check`.
+strided groups and all-to-all. Used by :mod:`solver.planner.check.time_check`.
 """
 
 from __future__ import annotations

@@ -8,11 +8,11 @@ or the whole-cluster view) runs all layers as an internal pipeline of ``pp >= 2`
 one layout, under Megatron's rules — ``layers % (pp v) == 0`` (``--num-layers-per-virtual-
 pipeline-stage``) and ``n_micro % pp == 0``. FlagScale rejects virtual stages with heterogeneous
 meshes, so a multi-mesh plan never interleaves; a one-mesh plan is plain Megatron-LM, which does
-(:func:`~solver.cost.frameworks.interleaving_allowed`).
+(:func:`~solver.cost.runtime.frameworks.interleaving_allowed`).
 
 The family is enumerated exhaustively (every island, node count, ``v`` and configuration the
 parallelizer prices with the interleaved schedule), with three provably safe cuts: a group whose
-compute lower bound (:func:`~solver.planner.floors.compute_floor`: the model's FLOPs per
+compute lower bound (:func:`~solver.planner.bounds.floors.compute_floor`: the model's FLOPs per
 iteration at its kernels' fastest rates) is not below the incumbent cannot win; at a group
 and ``n_micro`` no ``v >= 2`` is priced when the group's plain-1F1B plans at that ``n_micro``
 already bound every interleaved one from below at or above the incumbent (:func:`plain_floor`;
@@ -30,7 +30,7 @@ import math
 import numpy as np
 
 from solver.compose.table import Position
-from solver.cost.frameworks import interleaving_allowed, megatron_interleaves, profile
+from solver.cost.runtime.frameworks import interleaving_allowed, megatron_interleaves, profile
 from solver.cost.configs import FeatureSet, _layouts
 from solver.cost.efficiency import Calibration
 from solver.cost.least_costs import layer_latencies
@@ -40,9 +40,9 @@ from solver.cost.parallelizer import (Parallelizer, PartialPlan, PlanContext,
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage import substage_layers
 from solver.islands import IslandSet, group_island, node_key
-from solver.planner.floors import compute_floor
+from solver.planner.bounds.floors import compute_floor
 from solver.planner.plan import Plan, SolverInfo, StagePlan, interleaved_cycle_time
-from solver.planner.reasons import outside_view
+from solver.planner.stages.reasons import outside_view
 from solver.spec.domain import FeaturePreset, Island, JobSpec, Schedule
 
 __all__ = ["chunk_counts", "plain_floor", "one_mesh_floor", "interleaved_depths",

@@ -1,6 +1,6 @@
 """One planning run: a view of the cluster at one ``n_micro``, its options and its candidate cache.
 
-The planner (:mod:`solver.planner.search`) plans every ``n_micro`` through the runs of its views:
+The planner (:mod:`solver.planner.stages.search`) plans every ``n_micro`` through the runs of its views:
 Algorithm 1's islands, and the whole cluster as one island at its weakest members' figures.
 This module holds what a run is made of (:class:`PlannerConfig`, :class:`PlanningRun`, the
 result of its composition :class:`Composed`) and how runs start (:func:`start_run`,
@@ -16,12 +16,12 @@ from functools import cached_property
 from solver.compose.stage_table import GroupResult
 from solver.cost.parallelizer import (AnalyticParallelizer, FeatureSet, Parallelizer, PlanContext,
                                       framework_features)
-from solver.cost.frameworks import precision_problem
+from solver.cost.runtime.frameworks import precision_problem
 from solver.islands import (IslandSet, Thresholds, build_islands, vendor_cluster, vendors,
                             whole_cluster_views)
-from solver.planner.candidates import CandidateTable, GroupCache
+from solver.planner.stages.candidates import CandidateTable, GroupCache
 from solver.planner.pruning import LinkModel, Rule
-from solver.planner.validate import link_model
+from solver.planner.check.validate import link_model
 from solver.spec.domain import FeaturePreset, JobSpec, SolverKind
 from solver.spec.errors import InputError
 
@@ -213,9 +213,9 @@ def views(job: JobSpec, config: PlannerConfig, n: int, parallelizer: Parallelize
 def runnable_views(job: JobSpec, isl: IslandSet, whole: bool = True
                    ) -> list[tuple[IslandSet, str]]:
     """The island sets a plan of ``job`` may use, each with its view name: per GPU vendor (a
-    job's meshes share one communicator: :func:`~solver.cost.frameworks.vendor_problem`), the
+    job's meshes share one communicator: :func:`~solver.cost.runtime.frameworks.vendor_problem`), the
     islands whose GPUs all run the job's precision
-    (:func:`~solver.cost.frameworks.precision_problem`), then, with ``whole`` and more than
+    (:func:`~solver.cost.runtime.frameworks.precision_problem`), then, with ``whole`` and more than
     one such island, the vendor's runnable nodes as one island. One-line error when no GPU of
     the cluster runs the precision."""
     precision = job.training.precision

@@ -43,10 +43,10 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
-from solver.cost.frameworks import FrameworkProfile, job_runtime
+from solver.cost.runtime.frameworks import FrameworkProfile, job_runtime
 from solver.cost.stage import StageConfig
-from solver.planner.memory_check import layer_counts, recomputed
-from solver.planner.time_check_machine import (Machine, all_to_all, consecutive, machine, ring,
+from solver.planner.check.memory_check import layer_counts, recomputed
+from solver.planner.check.time_check_machine import (Machine, all_to_all, consecutive, machine, ring,
                                                strided)
 from solver.spec.domain import Framework, Island, ModelSpec, Precision, Recompute
 
@@ -304,7 +304,7 @@ def stage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageConf
                   p2p_factor: float = 1.0) -> tuple[list[float], float]:
     """Latency of each of the stage's ``cfg.pp`` sub-stages and its per-iteration seconds.
 
-    Layers split as :func:`~solver.planner.memory_check.layer_counts`; the embedding sits on the
+    Layers split as :func:`~solver.planner.check.memory_check.layer_counts`; the embedding sits on the
     first sub-stage and the head on the last (when the slice has them). The per-iteration term
     is the largest exposed sync plus optimizer step over all sub-stages (each from
     :func:`substage_seconds`). Keywords as in :func:`substage_seconds`.

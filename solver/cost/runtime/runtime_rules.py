@@ -1,10 +1,10 @@
 """The runtimes' job-level rules: what a plan's meshes, layouts and GPUs must satisfy for the
 job's runtime to launch it, each citing where the runtime enforces it.
 
-Read through :func:`solver.cost.frameworks.violations` (the one place the planner's search, its
+Read through :func:`solver.cost.runtime.frameworks.violations` (the one place the planner's search, its
 validator and the exporters take the rules from) and by the search space
-(:mod:`solver.cost.configs`, :mod:`solver.planner.runs`). The profile fields they read are
-:class:`~solver.cost.frameworks.FrameworkProfile`'s.
+(:mod:`solver.cost.configs`, :mod:`solver.planner.stages.runs`). The profile fields they read are
+:class:`~solver.cost.runtime.frameworks.FrameworkProfile`'s.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from solver.spec.domain import Precision
 
 if TYPE_CHECKING:  # annotations only: frameworks imports this module
-    from solver.cost.frameworks import FrameworkProfile
+    from solver.cost.runtime.frameworks import FrameworkProfile
 
 __all__ = ["cp_allowed", "expert_parallel_sizes", "job_rules", "mixed_kinds_note",
            "precision_problem", "shared_embedding_problems", "tp_allowed", "vendor_problem"]
@@ -22,7 +22,7 @@ __all__ = ["cp_allowed", "expert_parallel_sizes", "job_rules", "mixed_kinds_note
 
 def job_rules(configs, prof: "FrameworkProfile", model=None, precision=None,
               stage_gpus=None) -> list[str]:
-    """The job-level rules :func:`~solver.cost.frameworks.violations` checks when it is given
+    """The job-level rules :func:`~solver.cost.runtime.frameworks.violations` checks when it is given
     the model, the precision or the stages' GPU types."""
     out = [v for i, c in enumerate(configs) for v in _model_rules(i, c, prof, model, precision)]
     out += _hardware_rules(prof, precision, stage_gpus)

@@ -27,9 +27,9 @@ it. Sources (read in the projects' own code, versions named):
   (``recompute_granularity_per_stage_micro_batch``). A plan of one mesh runs without the
   ``hetero`` block: plain Megatron-LM, with context parallelism and interleaving.
 
-The search, the validator (:mod:`solver.planner.validate`) and the exporter
+The search, the validator (:mod:`solver.planner.check.validate`) and the exporter
 (:mod:`solver.launch`) all read the rules through :func:`violations`; the job-level ones live in
-:mod:`solver.cost.runtime_rules` (re-exported here: :func:`tp_allowed`, :func:`cp_allowed`,
+:mod:`solver.cost.runtime.runtime_rules` (re-exported here: :func:`tp_allowed`, :func:`cp_allowed`,
 :func:`expert_parallel_sizes`, :func:`precision_problem`, :func:`vendor_problem`,
 :func:`shared_embedding_problems`), each citing where the runtime enforces it.
 A mesh may mix GPU types of one vendor (:func:`mixed_kinds_note`: reported, not refused).
@@ -54,7 +54,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from solver.cost.runtime_rules import (cp_allowed, expert_parallel_sizes, job_rules,
+from solver.cost.runtime.runtime_rules import (cp_allowed, expert_parallel_sizes, job_rules,
                                        mixed_kinds_note, precision_problem,
                                        shared_embedding_problems, tp_allowed, vendor_problem)
 from solver.spec.domain import Framework, Precision, Recompute

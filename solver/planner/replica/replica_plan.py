@@ -11,7 +11,7 @@ would have to run it, with ``G`` the model's fp32 gradient bytes and ``w`` the p
 bandwidth between islands (the cluster's ``inter_island_gbits``, else the smallest NIC of the
 replicas' nodes: the slowest link):
 
-* replicas whose shard layouts match (:func:`~solver.planner.replica_runtime.shard_layout`:
+* replicas whose shard layouts match (:func:`~solver.planner.replica.replica_runtime.shard_layout`:
   the same stages and layouts, so GPU ``j`` of every replica holds the same ``1/N`` shard of
   the gradients after its own reduction) all-reduce shard by shard, a ring over the
   inter-island links: ``A = 2 (R − 1)/R · G / (N · w)`` (:func:`allreduce_s` with
@@ -25,7 +25,7 @@ replicas' nodes: the slowest link):
 (``N ≥ 1``): the replica search's bounds use it. ``A`` is counted exposed: the profiles'
 overlapped gradient reduction (Megatron-Core, FlagScale) is bucketed over the data-parallel
 group of one pipeline layout, and the cross-replica reduction follows it. Uneven shares also
-need each replica's loss weighted by its share (:mod:`solver.planner.replica_runtime`). For
+need each replica's loss weighted by its share (:mod:`solver.planner.replica.replica_runtime`). For
 ``R = 1``, ``A = 0`` and the plan is the single-pipeline plan.
 """
 
@@ -36,8 +36,8 @@ from typing import Any, Sequence
 
 from solver.cost.memory import GRAD_BYTES
 from solver.planner.plan import Plan, SolverInfo, plan_json
-from solver.planner.replica_runtime import Runtime, replicas_runtime, shard_layout
-from solver.planner.validate import PlanInvalid, problems
+from solver.planner.replica.replica_runtime import Runtime, replicas_runtime, shard_layout
+from solver.planner.check.validate import PlanInvalid, problems
 from solver.spec.domain import Island, JobSpec
 
 __all__ = ["Replica", "ReplicatedPlan", "allreduce_s", "full_allreduce_s", "exchange_s",
@@ -156,7 +156,7 @@ class ReplicatedPlan:
     @property
     def runtime(self) -> Runtime:
         """Which runtime could train the plan as written
-        (:func:`~solver.planner.replica_runtime.replicas_runtime`)."""
+        (:func:`~solver.planner.replica.replica_runtime.replicas_runtime`)."""
         return replicas_runtime(self.job, [(r.share, r.plan) for r in self.replicas])
 
     @property

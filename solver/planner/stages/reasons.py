@@ -1,6 +1,6 @@
 """Why the planner left nodes idle, and why no plan exists: the one-line reasons it reports.
 
-Both read a planning run (:class:`solver.planner.runs.PlanningRun`: the job, its islands, the
+Both read a planning run (:class:`solver.planner.stages.runs.PlanningRun`: the job, its islands, the
 run's ``n_micro``) and what the search found; neither plans anything.
 """
 
@@ -9,14 +9,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from solver.cost.configs import tp_degrees
-from solver.cost.frameworks import precision_problem
+from solver.cost.runtime.frameworks import precision_problem
 from solver.islands import node_key
-from solver.planner.candidates import granule
+from solver.planner.stages.candidates import granule
 from solver.planner.plan import StagePlan
 
 if TYPE_CHECKING:  # annotations only: search imports this module
-    from solver.planner.candidates import CandidateTable
-    from solver.planner.runs import PlanningRun
+    from solver.planner.stages.candidates import CandidateTable
+    from solver.planner.stages.runs import PlanningRun
 
 
 def idle_nodes(run: PlanningRun, stages: list[StagePlan],
@@ -44,8 +44,8 @@ def idle_nodes(run: PlanningRun, stages: list[StagePlan],
 
 def outside_view(job, islands) -> tuple[tuple[str, str], ...]:
     """The job's nodes outside every island of ``islands`` (a view of one vendor's runnable
-    islands: :func:`~solver.planner.runs.runnable_views`), with the runtime rule that leaves
-    each out (:mod:`solver.cost.frameworks`)."""
+    islands: :func:`~solver.planner.stages.runs.runnable_views`), with the runtime rule that leaves
+    each out (:mod:`solver.cost.runtime.frameworks`)."""
     inside = {n.node_id for i in islands.islands for n in i.nodes}
     used = {n.gpu.vendor for i in islands.islands for n in i.nodes}
     out = []

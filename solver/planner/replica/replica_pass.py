@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass
 from typing import Generator, Sequence
 
-from solver.planner.replica_bounds import Partition, share_window
-from solver.planner.replica_plan import Replica, allreduce_s, exchange_s
-from solver.planner.replica_workers import Ask, ReplicaMemo
+from solver.planner.replica.replica_bounds import Partition, share_window
+from solver.planner.replica.replica_plan import Replica, allreduce_s, exchange_s
+from solver.planner.replica.replica_workers import Ask, ReplicaMemo
 from solver.spec.domain import Island
 
 __all__ = ["SearchState", "best_shares", "priced_shares", "partition_search", "solve_partition",
@@ -106,7 +106,7 @@ def partition_search(reps: ReplicaMemo, part: Partition, unit: int, st: SearchSt
 def priced_shares(reps: ReplicaMemo, part: Partition, unit: int,
                   times: Sequence[dict[int, float]], ring: float) -> Found:
     """The best shares of ``part`` over the planned ``times``, the exchange priced on the
-    replicas' plans (:func:`~solver.planner.replica_plan.exchange_s`; ``ring``: the
+    replicas' plans (:func:`~solver.planner.replica.replica_plan.exchange_s`; ``ring``: the
     partition's shard-wise ring, the least it can be).
 
     Exact over the table: the min-max shares either have plans of one shard layout (then the

@@ -2,8 +2,8 @@
 
 Nothing the planner computed is trusted: islands are rebuilt from the job; every stage's
 sub-stage latencies and per-iteration terms are recomputed by the scalar reference
-(:mod:`solver.planner.time_check`) and its memory both by the independent count
-(:mod:`solver.planner.memory_check`) and by the cost model at the in-flight count its final
+(:mod:`solver.planner.check.time_check`) and its memory both by the independent count
+(:mod:`solver.planner.check.memory_check`) and by the cost model at the in-flight count its final
 position implies; link times are recomputed, and the objective is recomputed from those numbers
 by this module's own pipeline formula.
 """
@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import math
 
-from solver.cost.frameworks import job_runtime
+from solver.cost.runtime.frameworks import job_runtime
 from solver.cost.efficiency import DEFAULT_CALIBRATION
-from solver.cost.frameworks import interleaving_allowed, precision_problem, profile, violations
+from solver.cost.runtime.frameworks import interleaving_allowed, precision_problem, profile, violations
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, stage_costs
 from solver.islands import Thresholds, build_islands, whole_cluster, whole_cluster_views
-from solver.planner.memory_check import plan_memory_gb
+from solver.planner.check.memory_check import plan_memory_gb
 from solver.planner.plan import Plan
-from solver.planner.time_check import plan_stage_seconds
+from solver.planner.check.time_check import plan_stage_seconds
 from solver.planner.pruning import LinkModel
 from solver.spec.domain import Island, JobSpec, Schedule
 from solver.spec.errors import InfeasibleError
@@ -90,7 +90,7 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
 
 def runtime_problems(plan: Plan, job: JobSpec) -> list[str]:
     """What of ``plan`` the job's runtime cannot run, one line each ([] if nothing): its
-    profile's rules (:func:`~solver.cost.frameworks.violations`: layouts, ZeRO, recomputation,
+    profile's rules (:func:`~solver.cost.runtime.frameworks.violations`: layouts, ZeRO, recomputation,
     TP over the KV heads, CP, the expert grid, one precision, one vendor, a tied embedding) and
     Megatron's interleaving rules. The validator and the exporters (``--emit``) both call it."""
     pipelined = len(plan.stages) > 1 or any(s.plan.config.pp > 1 for s in plan.stages)

@@ -9,7 +9,7 @@ it, so a changed input never finds a stale entry: it finds another key.
 :class:`CachingParallelizer` wraps any :class:`~solver.cost.parallelizer.Parallelizer` and implements
 the same protocol, so ``plan_job(job, parallelizer=CachingParallelizer(inner, store))`` caches
 without any planner change. It counts the inner calls (what re-planning costs) and the hits.
-:class:`~solver.planner.memo.MemoParallelizer` is its in-memory cousin for the many plans of
+:class:`~solver.planner.stages.memo.MemoParallelizer` is its in-memory cousin for the many plans of
 one search (the replica search's), keyed cheaply because its scope is one model on one
 cluster.
 
@@ -59,8 +59,8 @@ COST_MODEL_VERSION = 3
 COST_MODEL_MODULES = ("solver.cost.parallelizer", "solver.cost.partial", "solver.cost.configs",
                       "solver.cost.stage_costs", "solver.cost.timing", "solver.cost.sync",
                       "solver.cost.memory", "solver.cost.efficiency", "solver.cost.stage",
-                      "solver.cost.stage_options", "solver.cost.frameworks",
-                      "solver.cost.recompute_layers", "solver.cost.runtime_rules")
+                      "solver.cost.stage_options", "solver.cost.runtime.frameworks",
+                      "solver.cost.recompute_layers", "solver.cost.runtime.runtime_rules")
 
 
 def default_cache_dir() -> Path:
@@ -336,7 +336,7 @@ class CachingParallelizer(ForwardsInner):
         self.hits += sum(o is not None for o in out)
         todo = [i for i, o in enumerate(out) if o is None]
         if todo:
-            from solver.planner.candidates import stage_options
+            from solver.planner.stages.candidates import stage_options
             found = stage_options(self.inner, model, [lengths[i] for i in todo], has_embedding,
                                   has_head, island, context)
             self.inner_calls += len(todo)

@@ -2,13 +2,13 @@
 
 Pricing a stage table (every slice length on every group size and position through the
 parallelizer) is most of what a search costs, and a replica asked to beat its budget
-(:func:`~solver.planner.search.plan_job` with ``upper``) usually finds nothing.
+(:func:`~solver.planner.stages.search.plan_job` with ``upper``) usually finds nothing.
 The floor table has the real table's structure — the same islands, group sizes, slice lengths
 the rules allow, links, banned boundaries and depth limits — and one option per entry, priced
 from floors instead of the parallelizer:
 
 * latency: the larger of the kernel floor ``(d · c_g + [the stage holds the LM head] · h_g) / n``
-  (:func:`~solver.planner.floors.kernel_floor`, ``c_g`` and ``h_g`` the layer's and the head's
+  (:func:`~solver.planner.bounds.floors.kernel_floor`, ``c_g`` and ``h_g`` the layer's and the head's
   floors per iteration, the GEMMs at the least time any of the group's layouts at the run's
   micro-batch gives them) and, where the parallelizer is priced by the cost model
   (:func:`~solver.cost.parallelizer.stage_calibration`), ``d · a + [head] · a_h + [embedding]
@@ -60,9 +60,9 @@ from solver.cost.configs import _layouts
 from solver.cost.parallelizer import kernel_calibration, stage_calibration
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.least_costs import least_iterations, least_latencies
-from solver.planner.candidates import TableSpec
-from solver.planner.floors import kernel_floor
-from solver.planner.runs import PlanningRun
+from solver.planner.stages.candidates import TableSpec
+from solver.planner.bounds.floors import kernel_floor
+from solver.planner.stages.runs import PlanningRun
 from solver.spec.domain import Island
 
 __all__ = ["GroupFloors", "gemm_shapes", "floor_table", "relaxed_cuts", "floor_cuts"]
@@ -79,7 +79,7 @@ class GroupFloors:
     ----------
     kernels : tuple[float, float]
         Seconds of a layer and of the LM head at the kernel floor
-        (:func:`~solver.planner.floors.kernel_floor`).
+        (:func:`~solver.planner.bounds.floors.kernel_floor`).
     least : tuple[float, float, float] | None
         The cost model's least latency of a layer, the head and the embedding over the group's
         layouts (:func:`~solver.cost.least_costs.least_latencies`); None where the parallelizer
@@ -210,7 +210,7 @@ def floor_table(run: PlanningRun, spec: TableSpec, rate: np.ndarray,
     """The floor stage table of ``run`` under ``spec`` (None: no entry is allowed).
 
     ``rate``: the link rates between the run's islands, in their order
-    (:func:`~solver.planner.search.link_rates`); ``iterations``: with the per-iteration
+    (:func:`~solver.planner.stages.search.link_rates`); ``iterations``: with the per-iteration
     floors (:func:`_group_iterations`; else none)."""
     layers, n = run.job.model.layers, run.n_micro
     slots: list[IslandSlots] = []
@@ -296,7 +296,7 @@ def relaxed_cuts(run: PlanningRun, bar: float, spec: TableSpec | None = None) ->
     the per-iteration floors or without (:func:`_iterations_cut`). Provably safe: every plan of
     the floor table is one of it, no faster. It settles most tables that cannot beat the bar
     without building them; ``spec`` None: the run's own group sizes (a search asks before it
-    builds its spec, :func:`~solver.planner.search.plan_job`)."""
+    builds its spec, :func:`~solver.planner.stages.search.plan_job`)."""
     stages = _least_stages(run, spec)
     return stages is None or not stages.might_beat(run.n_micro, bar) or \
         _iterations_cut(run, spec, stages, bar)

@@ -4,7 +4,7 @@ The replica search plans hundreds of replicas on one cluster; an island at a sha
 group at a micro-batch, come back under many island sets, shares and ``n_micro``. The memo
 keeps the inner parallelizer's answers, and what the search derives from one group at one
 context (its floors, its group sizes: :meth:`MemoParallelizer.remember`), for the whole
-search. The on-disk cache of partial plans across runs is :mod:`solver.planner.plancache`.
+search. The on-disk cache of partial plans across runs is :mod:`solver.planner.stages.plancache`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Callable
 from solver.cost.parallelizer import Parallelizer, PartialPlan, PlanContext
 from solver.cost.stage import ModelSlice
 from solver.cost.stage_options import shares_across_n
-from solver.planner.plancache import ForwardsInner, parallelizer_identity
+from solver.planner.stages.plancache import ForwardsInner, parallelizer_identity
 from solver.spec.domain import Island, ModelSpec
 
 __all__ = ["SHARED_MICRO", "MemoParallelizer"]
@@ -84,7 +84,7 @@ class MemoParallelizer(ForwardsInner):
 
     def plan_stages(self, model: ModelSpec, lengths: list[int], has_embedding: bool,
                     has_head: bool, island: Island, context: PlanContext) -> list:
-        """The inner options per length (:func:`~solver.planner.candidates.stage_options`),
+        """The inner options per length (:func:`~solver.planner.stages.candidates.stage_options`),
         remembered per call; or, where the options depend on ``n_micro`` only through their
         capacities' cap (:func:`~solver.cost.stage_options.shares_across_n`), remembered per
         length for every ``n_micro`` up to :data:`SHARED_MICRO` at once
@@ -95,7 +95,7 @@ class MemoParallelizer(ForwardsInner):
                 shares_across_n(context):
             return [o.capped(context.n_micro) for o in self._candidates(
                 candidates, model, lengths, has_embedding, has_head, island, context)]
-        from solver.planner.candidates import stage_options
+        from solver.planner.stages.candidates import stage_options
         return self._recall(("stages", tuple(lengths), has_embedding, has_head,
                              self._island(island), context),
                             lambda: stage_options(self.inner, model, lengths, has_embedding,

@@ -1,6 +1,6 @@
 """Predicted versus measured throughput on Narayanan et al., SC'21, Table 1 (Megatron-LM, Selene).
 
-Every row is run through :func:`solver.cost.estimate.estimate` with the paper's setup: A100-SXM-80GB,
+Every row is run through :func:`solver.cost.estimating.estimate.estimate` with the paper's setup: A100-SXM-80GB,
 8 GPUs per node, 200 Gb/s HDR per GPU, interleaved 1F1B, full recomputation, the row's tp/pp/dp,
 and the software of 2021: unfused attention (:func:`megatron_2021`; the only setting that differs
 from the defaults, and not an efficiency constant).
@@ -10,7 +10,7 @@ divide the layers per pipeline stage (Megatron-LM's requirement). The prediction
 the paper's accounting, ``F = 96 B s l h^2 (1 + s/6h + V/16lh)`` FLOPs per iteration (which counts
 the recomputation forward), so it compares with the ``tflops_per_gpu`` column.
 
-``python -m solver.cost.calibration`` prints the table in Markdown; ``--fit`` first refits the
+``python -m solver.cost.calibrate.calibration`` prints the table in Markdown; ``--fit`` first refits the
 constants of :data:`FITTED` (minimax of the log error over all rows, :func:`fit`) and prints
 them.
 """
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from solver.cost.efficiency import DEFAULT_CALIBRATION, AttentionKernel, Calibration
-from solver.cost.estimate import Estimate, EstimateSetup, estimate
+from solver.cost.estimating.estimate import Estimate, EstimateSetup, estimate
 from solver.cost.stage import StageConfig
 from solver.spec.domain import Framework, GPUSpec, Island, ModelSpec, Recompute, Schedule
 from solver.spec.loaders import INSTANCES, load_catalog
@@ -228,7 +228,7 @@ def fit_all(path: Path | str = CSV_PATH) -> Calibration:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the calibration table (``--fit``: refit :data:`FITTED` first and print them)."""
-    parser = argparse.ArgumentParser(prog="python -m solver.cost.calibration")
+    parser = argparse.ArgumentParser(prog="python -m solver.cost.calibrate.calibration")
     parser.add_argument("--fit", action="store_true", help="refit the fitted constants")
     args = parser.parse_args(argv)
     calib = DEFAULT_CALIBRATION

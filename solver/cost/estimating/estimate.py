@@ -22,7 +22,7 @@ from solver.cost.stage_costs import (
     model_flops_per_token,
     stage_costs,
 )
-from solver.cost.frameworks import Runtime
+from solver.cost.runtime.frameworks import Runtime
 from solver.spec.domain import Framework, Island, ModelSpec, Precision, Schedule
 
 

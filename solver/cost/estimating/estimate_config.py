@@ -34,7 +34,7 @@ Format (TOML)::
 
 ``tp * pp * dp * cp`` must equal ``gpus``; every value is checked through
 :class:`~solver.spec.fields.Fields` and a bad one raises :class:`~solver.spec.errors.InputError`,
-as does a configuration the framework cannot run (its profile, :mod:`solver.cost.frameworks`).
+as does a configuration the framework cannot run (its profile, :mod:`solver.cost.runtime.frameworks`).
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from pathlib import Path
 import dataclasses
 
 from solver.cost.efficiency import AttentionKernel
-from solver.cost.estimate import EstimateSetup
-from solver.cost.frameworks import interleaving_allowed, profile, violations
+from solver.cost.estimating.estimate import EstimateSetup
+from solver.cost.runtime.frameworks import interleaving_allowed, profile, violations
 from solver.cost.stage import StageConfig
 from solver.spec.domain import Framework, GPUSpec, Island, ModelSpec, Precision, Recompute, Schedule
 from solver.spec.errors import InputError

@@ -17,7 +17,7 @@ thousands of token rows, and the smallest kernels are launch-bound in ways one f
 not follow. Each GPU with a table gets its own ``(c, t0)`` (``gemm_half_balance``,
 ``gemm_latency_us`` in ``instances/gpus.toml``; a GPU of the same silicon, e.g. H200 for H100,
 shares it); the GPUs without one take the fit pooled over the NVIDIA tables (the
-calibration's defaults). ``python -m solver.cost.gemm_fit`` prints the fits;
+calibration's defaults). ``python -m solver.cost.calibrate.gemm_fit`` prints the fits;
 ``tests/cost/test_gemm_fit.py`` holds the catalog and the defaults to them.
 """
 
@@ -196,7 +196,7 @@ def markdown_table(fits: list[CurveFit]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the per-GPU and pooled fits."""
-    argparse.ArgumentParser(prog="python -m solver.cost.gemm_fit",
+    argparse.ArgumentParser(prog="python -m solver.cost.calibrate.gemm_fit",
                             description=__doc__.splitlines()[0]).parse_args(argv)
     print(markdown_table(all_fits()))
     return 0

@@ -4,7 +4,7 @@ the memo of their plans by (islands, share) with its budget semantics (:class:`R
 A replica (a set of islands and a batch share) is planned as a job of its own
 (:func:`plan_share`). The search plans hundreds of them on one cluster, and an island at a
 share is planned again for every island set it belongs to; so every planner here keeps one
-:class:`~solver.planner.memo.MemoParallelizer` for all its replicas. Workers are
+:class:`~solver.planner.stages.memo.MemoParallelizer` for all its replicas. Workers are
 processes that live as long as the search, each with its own memo in its own loop
 (:func:`_serve`); a share goes to its own worker (share units ``mod`` workers) unless that
 one is busy and another idles, so the island sets planned at one share mostly meet the same
@@ -22,12 +22,12 @@ from typing import Sequence
 from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer, kernel_calibration
 from solver.islands import IslandSet
 from solver.planner.plan import Plan
-from solver.planner.memo import MemoParallelizer
-from solver.planner.replica_bounds import replica_floor
-from solver.planner.replica_plan import replica_job
-from solver.planner.replica_runtime import shard_layout
-from solver.planner.runs import PlannerConfig, cluster_islands
-from solver.planner.search import plan_job
+from solver.planner.stages.memo import MemoParallelizer
+from solver.planner.replica.replica_bounds import replica_floor
+from solver.planner.replica.replica_plan import replica_job
+from solver.planner.replica.replica_runtime import shard_layout
+from solver.planner.stages.runs import PlannerConfig, cluster_islands
+from solver.planner.stages.search import plan_job
 from solver.spec.domain import Island, JobSpec
 from solver.spec.errors import InfeasibleError
 
@@ -43,7 +43,7 @@ def plan_share(job: JobSpec, config: PlannerConfig, ask: Ask, islands: IslandSet
     """The replica's exact plan if one is faster than the ask's budget, else None, with the
     parallelizer calls it took (``islands``: the cluster's, built once for every replica).
     Not validated here: most are never kept, and the search validates those it keeps
-    (:func:`~solver.planner.replica_plan.validate_replicated`)."""
+    (:func:`~solver.planner.replica.replica_plan.validate_replicated`)."""
     names, share, budget = ask
     try:
         plan = plan_job(replica_job(job, names, share), config, parallelizer=parallelizer,
@@ -241,7 +241,7 @@ class ReplicaMemo:
         return got.iteration_time_s if isinstance(got, Plan) else math.inf
 
     def whole_floor(self, group: Sequence[Island]) -> float:
-        """:func:`~solver.planner.replica_bounds.replica_floor` of ``group`` at the whole batch
+        """:func:`~solver.planner.replica.replica_bounds.replica_floor` of ``group`` at the whole batch
         (linear in the share), computed once per group: every partition reads it."""
         key = self._key(group, 0)[0]
         if key not in self._floors:

@@ -1,6 +1,6 @@
 """The island partitions of the replica search and the provably safe bounds that cut them.
 
-* :func:`partition_bound` — the shard-wise ring (:func:`~solver.planner.replica_plan.allreduce_s`,
+* :func:`partition_bound` — the shard-wise ring (:func:`~solver.planner.replica.replica_plan.allreduce_s`,
   the least exchange any replicas there can pay) plus the continuous min-max of the replicas' floors
   (:func:`replica_floor`: compute at the fastest kernel rates, and the pipeline fill of a
   replica spanning islands);
@@ -20,9 +20,9 @@ from typing import Iterator, Sequence
 
 from solver.cost.efficiency import Calibration
 from solver.cost.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
-from solver.planner.candidates import MAX_AUTO_MICRO
-from solver.planner.floors import pipeline_floor
-from solver.planner.replica_plan import allreduce_s
+from solver.planner.stages.candidates import MAX_AUTO_MICRO
+from solver.planner.bounds.floors import pipeline_floor
+from solver.planner.replica.replica_plan import allreduce_s
 from solver.spec.domain import Island, JobSpec
 
 __all__ = ["Partition", "partitions", "replica_floor", "holds_model", "partition_bound",
@@ -54,7 +54,7 @@ def replica_floor(job: JobSpec, group: Sequence[Island], share: int,
                   calib: Calibration | None = None) -> float:
     """No replica on ``group`` trains ``share`` sequences faster (provably safe).
 
-    The share's part of :func:`~solver.planner.floors.pipeline_floor` over ``group`` (1F1B
+    The share's part of :func:`~solver.planner.bounds.floors.pipeline_floor` over ``group`` (1F1B
     with every kernel at its fastest rate; ``calib``: the parallelizer's calibration); the
     interleaved schedule, on one island's group, needs its compute floor, more. ``n`` is the
     job's, or the largest searched when it is searched (the bound falls with ``n``).

@@ -4,7 +4,7 @@ Not part of the test suite (it runs for tens of minutes). Table ``seed`` is
 ``tests/compose/group_tables.seeded_problem(seed)``, the generator the property tests draw from,
 so any disagreement is reproduced by its seed alone. Per table:
 
-* the DP (``solver/compose/group_dp.py``) plain and with an incumbent above the optimum (its
+* the DP (``solver/compose/groups/group_dp.py``) plain and with an incumbent above the optimum (its
   passes prune against it) must reach brute force's optimum (``group_brute.py``), and its plan
   must pass ``group_problems`` and reprice to its objective;
 * on the first ``--models`` seeds, CP-SAT (deterministic time, one worker) and the MILP (CBC,
@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 from group_tables import binding, seeded_problem  # noqa: E402
 
-from solver.compose.group_brute import compose_groups_brute  # noqa: E402
-from solver.compose.group_dp import compose_groups_dp  # noqa: E402
+from solver.compose.groups.group_brute import compose_groups_brute  # noqa: E402
+from solver.compose.groups.group_dp import compose_groups_dp  # noqa: E402
 from solver.compose.result import TooLargeError  # noqa: E402
 from solver.compose.stage_table import group_objective, group_problems  # noqa: E402
 

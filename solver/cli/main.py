@@ -119,7 +119,10 @@ def check_before_running(args: argparse.Namespace) -> None:
         raise InputError("<cli>", "--plot", f"directory {folder} does not exist")
 
 
-KERNEL_MODULES = ("solver.compose.group_kernel", "solver.cost.stage_options")  # numba users
+#: Modules holding numba dispatchers once the compiled kernels run (imported only then: a small
+#: plan runs the NumPy twins and imports no numba, :mod:`solver.compose.kernels.kernel_switch`).
+KERNEL_MODULES = ("solver.compose.kernels.group_kernel_jit", "solver.compose.kernels.group_bounds_jit",
+                  "solver.cost.stage_options")
 
 
 def _run_command(args: argparse.Namespace) -> int:

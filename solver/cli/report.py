@@ -159,11 +159,14 @@ def recompute_label(c) -> str:
 def stage_rows(plan) -> list[dict]:
     """One table row per pipeline stage of ``plan``."""
     rows = []
+    moe = plan.job.model.is_moe
     for s in plan.stages:
         c = s.plan.config
+        # MoE plans also show the expert tensor-parallel degree (the expert grid etp x ep).
+        experts = {"ep": c.ep, "etp": c.etp} if moe else {"ep": c.ep}
         rows.append({"island": s.island.name, "gpu": s.island.gpu.name,
                      "nodes": compact_ids(s.node_ids), "gpus": s.gpus,
-                     "layers": f"[{s.start}, {s.end})", "tp": c.tp, "cp": c.cp, "ep": c.ep,
+                     "layers": f"[{s.start}, {s.end})", "tp": c.tp, "cp": c.cp, **experts,
                      "pp": c.pp, "dp": c.dp, "zero": c.zero, "recompute": recompute_label(c),
                      "offload": "yes" if c.offload else "no", "mb/rank": c.micro_batch,
                      "latency ms": s.plan.latency_s * 1e3, "mem GB": s.plan.memory_gb})

@@ -106,8 +106,9 @@ def _interleavable(slc: ModelSlice, ctx: PlanContext, pp: int) -> bool:
 
 
 def _layouts(slc: ModelSlice, island: Island, ctx: PlanContext, feats: FeatureSet
-             ) -> list[tuple[int, int, int, int, int]]:
-    """All consistent ``(tp, cp, pp, dp, ep)`` for the island and context."""
+             ) -> list[tuple[int, int, int, int, int, int]]:
+    """All consistent ``(tp, cp, pp, dp, ep, expert_tp)`` for the island and context
+    (``expert_tp`` 0: equal to ``tp``)."""
     model, gpus = slc.model, island.gpus
     cps = [c for c in _powers_of_two(gpus) if ctx.seq_len % (2 * c) == 0] if feats.cp else [1]
     out = []
@@ -121,20 +122,30 @@ def _layouts(slc: ModelSlice, island: Island, ctx: PlanContext, feats: FeatureSe
             dp = rest // pp
             if rest % pp or ctx.micro_batch % dp or not _interleavable(slc, ctx, pp):
                 continue
-            eps = _ep_options(model, tp, cp, dp, ctx) if feats.ep and model.is_moe else [1]
-            out.extend((tp, cp, pp, dp, ep) for ep in eps)
+            grid = _expert_grids(model, tp, cp, dp, ctx) if feats.ep and model.is_moe else [(1, 0)]
+            out.extend((tp, cp, pp, dp, ep, etp) for ep, etp in grid)
     return out
 
 
-def _ep_options(model: ModelSpec, tp: int, cp: int, dp: int, ctx: PlanContext) -> list[int]:
-    """EP degrees of a stage: the framework's expert grid
-    (:func:`~solver.cost.runtime.frameworks.expert_parallel_sizes`, expert-TP = TP as priced); without
-    a framework, EP dividing the experts and ``dp·cp``."""
+def _expert_grids(model: ModelSpec, tp: int, cp: int, dp: int, ctx: PlanContext
+                  ) -> list[tuple[int, int]]:
+    """``(ep, expert_tp)`` of a stage (``expert_tp`` 0: equal to ``tp``).
+
+    With a framework, its expert grid (:func:`~solver.cost.runtime.runtime_rules.
+    expert_parallel_sizes`) for every expert-TP degree dividing ``tp``: the runtimes take any
+    ``--expert-tensor-parallel-size``, the search keeps the divisors of ``tp`` (an expert never
+    split wider than the attention). Without a framework, EP dividing the experts and ``dp·cp``
+    at expert-TP = TP.
+    """
     if ctx.framework is None:
-        return [e for e in range(1, model.experts + 1)
+        return [(e, 0) for e in range(1, model.experts + 1)
                 if model.experts % e == 0 and (dp * cp) % e == 0]
-    return expert_parallel_sizes(profile(ctx.framework), model.experts, tp, cp, dp,
-                                 ctx.precision)
+    prof = profile(ctx.framework)
+    etps = [d for d in range(tp, 0, -1) if tp % d == 0] if prof.expert_grid else [tp]
+    return [(e, 0 if etp == tp else etp)
+            for etp in etps
+            for e in expert_parallel_sizes(prof, model.experts, tp, cp, dp, ctx.precision,
+                                           expert_tp=etp)]
 
 
 def multi_mesh_cp(framework: Framework | None, cp: np.ndarray) -> np.ndarray:
@@ -154,13 +165,13 @@ def enumerate_configs(slc: ModelSlice, island: Island, ctx: PlanContext, feats: 
     A configuration without replicas (``dp·cp = 1``) is enumerated once, as ZeRO-0.
     """
     feats = feats if ctx.framework is None else feats.meet(framework_features(ctx.framework))
-    base = np.array(_layouts(slc, island, ctx, feats), dtype=np.int64).reshape(-1, 5)
+    base = np.array(_layouts(slc, island, ctx, feats), dtype=np.int64).reshape(-1, 6)
     rc = np.array([RECOMPUTE_CODES.index(r) for r in feats.recompute], dtype=np.int64)
     off = np.array([False, True] if feats.offload else [False])
     grid = np.array(list(itertools.product(feats.zero, rc, off)), dtype=np.int64).reshape(-1, 3)
     b = np.repeat(base, len(grid), axis=0)
     g = np.tile(grid, (len(base), 1))
-    tp, cp, pp, dp, ep = b.T
+    tp, cp, pp, dp, ep, etp = b.T
     replicas = dp * cp > 1
     keep = replicas | (g[:, 0] == (feats.zero[0] if feats.zero else 0))
     if ctx.framework is not None:
@@ -172,15 +183,16 @@ def enumerate_configs(slc: ModelSlice, island: Island, ctx: PlanContext, feats: 
         keep &= _constrained(ctx.constraints, b, zero, g, ctx.micro_batch // np.maximum(dp, 1))
     return ConfigArrays(tp=tp[keep], cp=cp[keep], ep=ep[keep], pp=pp[keep], dp=dp[keep],
                         zero=zero[keep], recompute=g[keep, 1], offload=g[keep, 2].astype(bool),
-                        micro_batch=ctx.micro_batch // dp[keep])
+                        micro_batch=ctx.micro_batch // dp[keep], expert_tp=etp[keep])
 
 
 def _constrained(c: Constraints, layout: np.ndarray, zero: np.ndarray, grid: np.ndarray,
                  micro: np.ndarray) -> np.ndarray:
-    """Rows the user's constraints allow (``layout`` columns tp, cp, pp, dp, ep)."""
+    """Rows the user's constraints allow (``layout`` columns tp, cp, pp, dp, ep, expert_tp)."""
     ok = np.ones(len(zero), dtype=bool)
+    etp = np.where(layout[:, 5] > 0, layout[:, 5], layout[:, 0])
     for allowed, column in ((c.tp, layout[:, 0]), (c.cp, layout[:, 1]), (c.ep, layout[:, 4]),
-                            (c.micro_batch, micro)):
+                            (c.expert_tp, etp), (c.micro_batch, micro)):
         if allowed is not None:
             ok &= np.isin(column, allowed)
     if c.zero is not None:  # without replicas every ZeRO stage is ZeRO-0

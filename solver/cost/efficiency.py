@@ -116,6 +116,12 @@ class Calibration:
         for it (the step waits for the busiest rank). Chosen, not fitted: 1.25, the Switch
         Transformer's default capacity factor (Fedus et al., JMLR 2022, Sec. 2.2), an upper
         bound of the load a capacity-limited router admits.
+    zero3_prefetch : bool
+        ZeRO-3 gathers and reduce-scatters overlap the compute as the framework schedules them
+        (prefetch). False for DeepSpeed before v0.5.6: its "asynchronous" per-parameter
+        gathers each called ``torch.cuda.synchronize()`` (PR #1188, October 2021: "the async
+        version is not async at all"), so all of it was exposed. A fact of the software run,
+        not fitted.
     """
 
     gemm_half_balance: float = 0.087
@@ -134,6 +140,7 @@ class Calibration:
     host_offload_gb: float = 128.0
     optimizer_bytes: float = 30.0
     moe_capacity_factor: float = 1.25
+    zero3_prefetch: bool = True
 
 
 DEFAULT_CALIBRATION = Calibration()

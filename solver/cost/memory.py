@@ -4,7 +4,8 @@ Model states (Rajbhandari et al., "ZeRO", SC'20; Megatron-LM's mixed-precision l
 bf16 weights 2 B/param, fp32 main gradients 4 B/param (Megatron accumulates and reduces gradients
 in fp32 for bf16 training), fp32 Adam master weights + m + v 12 B/param: 18 B/param without ZeRO.
 ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the weights, over the
-``dp * cp`` ranks holding the same weights (experts: over ``dp * cp / ep``). ZeRO-3 also holds a
+``dp * cp`` ranks holding the same weights (experts: over the expert-data-parallel group,
+``tp * cp * dp / (expert_tp * ep)``). ZeRO-3 also holds a
 prefetch buffer of two gathered layers.
 
 Activations (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
@@ -13,6 +14,9 @@ redone here tensor by tensor for GQA, gated MLPs, MoE, FlashAttention and no dro
 :func:`activation_bytes_per_token`). Tensor parallelism with sequence parallelism divides
 everything by ``tp``; context parallelism divides the sequence by ``cp``. Stage ``i`` of a 1F1B
 pipeline holds ``min(p - i, m)`` micro-batches of activations (Narayanan et al., SC'21).
+PyTorch's caching allocator holds :data:`~solver.cost.reserve.FRAGMENTATION` more than the
+activations it serves; what the runtime holds outside it is the cap's part
+(:func:`~solver.cost.reserve.usable_bytes`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, recomputed_layers
+from solver.cost.reserve import FRAGMENTATION
+from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, expert_tp, recomputed_layers
 from solver.spec.domain import ModelSpec, Recompute
 
 WEIGHT_BYTES = 2.0      # bf16 weights
@@ -41,7 +46,7 @@ class LayerParams:
     dense : int
         Attention, norms, router and shared experts: sharded by ``tp``, replicated ``dp * cp``.
     expert : int
-        Routed experts: sharded by ``tp * ep``, replicated ``dp * cp / ep``.
+        Routed experts: sharded by ``expert_tp * ep``, replicated ``tp * cp * dp / (expert_tp * ep)``.
     """
 
     dense: int
@@ -138,9 +143,11 @@ def stored_layer_bytes(per_token: np.ndarray, cfg: ConfigArrays, layers: np.ndar
 def recompute_saving(model: ModelSpec, seq_len: int, cfg: ConfigArrays, flash: bool = True,
                      capacity: float = 1.0) -> np.ndarray:
     """HBM bytes one more recomputed layer saves per micro-batch in flight: its whole
-    activations less its kept input, ``(stored(none) - stored(full)) b s / (cp tp)``."""
+    activations less its kept input, ``(stored(none) - stored(full)) b s / (cp tp)``, and the
+    allocator's fragmentation of them (``FRAGMENTATION``)."""
     per_token = stored_bytes_per_token(model, seq_len, flash, capacity)
-    return (per_token[0] - per_token[2]) * cfg.micro_batch * seq_len / cfg.cp / cfg.tp
+    return ((1.0 + FRAGMENTATION) * (per_token[0] - per_token[2]) * cfg.micro_batch * seq_len
+            / cfg.cp / cfg.tp)
 
 
 @dataclass(frozen=True)
@@ -153,6 +160,9 @@ class MemoryArrays:
         Weights (incl. ZeRO-3 prefetch buffer), gradients, optimizer states, activations.
     host : numpy.ndarray
         Offloaded activations in host memory (not part of ``total``).
+    fragmentation : numpy.ndarray
+        What the caching allocator holds beyond the activations in HBM
+        (:data:`~solver.cost.reserve.FRAGMENTATION` of them).
     """
 
     params: np.ndarray
@@ -160,11 +170,12 @@ class MemoryArrays:
     optimizer: np.ndarray
     activations: np.ndarray
     host: np.ndarray
+    fragmentation: np.ndarray
 
     @property
     def total(self) -> np.ndarray:
-        """Sum of the four parts."""
-        return self.params + self.grads + self.optimizer + self.activations
+        """HBM bytes: the four parts and the fragmentation."""
+        return self.params + self.grads + self.optimizer + self.activations + self.fragmentation
 
 
 def param_counts(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,
@@ -181,7 +192,7 @@ def param_counts(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, emb: n
     head_params = np.where(emb & model.tied_embeddings, model.final_norm_params,
                            model.head_params)
     dense = (layers * lp.dense + emb * vh + head * head_params) / cfg.tp
-    expert = layers * lp.expert / (cfg.tp * cfg.ep)
+    expert = layers * lp.expert / (expert_tp(cfg) * cfg.ep)
     return dense, expert
 
 
@@ -208,7 +219,8 @@ def model_state_bytes(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, e
     """
     dense, expert = param_counts(model, cfg, layers, emb, head)
     q_dense = (cfg.dp * cfg.cp).astype(float)
-    q_expert = q_dense / cfg.ep
+    # The expert-data-parallel group: the stage's tp·cp·dp GPUs over expert-TP × EP.
+    q_expert = q_dense * cfg.tp / (expert_tp(cfg) * cfg.ep)
 
     def sharded(stage: int) -> np.ndarray:
         on = cfg.zero >= stage
@@ -219,7 +231,7 @@ def model_state_bytes(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, e
         prefetch = np.minimum(layers, 1) * 2.0 * largest_matrix(model) / cfg.tp
     else:
         gathered = np.minimum(layers, ZERO3_PREFETCH_LAYERS)
-        prefetch = gathered * (lp.dense / cfg.tp + lp.expert / (cfg.tp * cfg.ep))
+        prefetch = gathered * (lp.dense / cfg.tp + lp.expert / (expert_tp(cfg) * cfg.ep))
     live = sharded(3) + np.where(cfg.zero >= 3, prefetch, 0.0)
     weights = WEIGHT_BYTES * live + (FP8_CACHE_BYTES * live if fp8 else 0.0)
     return weights, GRAD_BYTES * sharded(2), OPTIMIZER_BYTES * sharded(1)
@@ -261,4 +273,4 @@ def substage_memory(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: n
                                               fp8)
     acts, host = activation_bytes(model, seq_len, cfg, layers, head, in_flight, resident, flash,
                                   capacity, fp8)
-    return MemoryArrays(weights, grads, optim, acts, host)
+    return MemoryArrays(weights, grads, optim, acts, host, FRAGMENTATION * acts)

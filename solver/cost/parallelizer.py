@@ -26,6 +26,7 @@ from solver.cost.configs import FeatureSet, enumerate_configs, framework_feature
 from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
 from solver.cost.partial import MemoryBreakdown, PartialPlan, PlanContext, SliceBatch, partial_plans
 from solver.cost.recompute_layers import partial_recompute_allowed, with_partial_recompute
+from solver.cost.reserve import usable_bytes
 from solver.cost.stage import ModelSlice, StageConfig
 from solver.cost.stage_costs import PipelineSetting, stage_costs, substage_latencies
 from solver.cost.stage_options import StageOptions, plan_stages, stage_candidates
@@ -137,11 +138,11 @@ class AnalyticParallelizer:
             cfg = with_partial_recompute(
                 slice.model, island, context.seq_len, cfg, slice.layers, slice.has_embedding,
                 slice.has_head, pipe, [context.in_flight],
-                (1.0 - context.epsilon) * island.hbm_gb * 1e9, self.calibration,
+                usable_bytes(island, context.epsilon), self.calibration,
                 context.runtime)[0]
         costs = stage_costs(slice, island, context.seq_len, cfg, pipe, self.calibration,
                             context.runtime)
-        idx = np.flatnonzero(costs.fits(island.hbm_gb, context.epsilon, self.calibration))
+        idx = np.flatnonzero(costs.fits(usable_bytes(island, context.epsilon), self.calibration))
         if idx.size == 0:
             return []
         groups = (cfg.tp[idx] * 1_000_003 + cfg.cp[idx]) * 1_000_003 + cfg.dp[idx]
@@ -179,13 +180,13 @@ class AnalyticParallelizer:
         if partial_recompute_allowed(context.framework):  # as in ``plan``
             cfg, src = with_partial_recompute(
                 model, island, context.seq_len, cfg, layers, has_embedding, has_head, pipe,
-                [context.in_flight], (1.0 - context.epsilon) * island.hbm_gb * 1e9,
+                [context.in_flight], usable_bytes(island, context.epsilon),
                 self.calibration, context.runtime)
             owner, layers = owner[src], layers[src]
         batch = SliceBatch(model, layers, has_embedding, has_head)
         costs = stage_costs(batch, island, context.seq_len, cfg, pipe, self.calibration,
                             context.runtime)
-        idx = np.flatnonzero(costs.fits(island.hbm_gb, context.epsilon, self.calibration))
+        idx = np.flatnonzero(costs.fits(usable_bytes(island, context.epsilon), self.calibration))
         which = owner[idx]
         groups = ((which * 1_000_003 + cfg.tp[idx]) * 1_000_003 + cfg.cp[idx]) * 1_000_003 \
             + cfg.dp[idx]

@@ -40,7 +40,8 @@ class PlanContext:
         Micro-batches of activations the stage holds (its last internal sub-stage, if ``pp > 1``);
         a single-stage island at pipeline position ``i`` of ``P`` gets ``min(P - i, n_micro)``.
     epsilon : float
-        Memory margin: plans use at most ``(1 - epsilon)`` of HBM.
+        The user's memory margin: the share of the device's memory held back beyond the
+        runtime's own reserves (:func:`~solver.cost.reserve.usable_bytes`); 0 by default.
     max_pp : int
         Largest internal pipeline degree (the heterogeneous planner passes 1).
     features : FeaturePreset
@@ -63,7 +64,7 @@ class PlanContext:
     micro_batch: int
     n_micro: int
     in_flight: int = 1
-    epsilon: float = 0.1
+    epsilon: float = 0.0
     max_pp: int = 1
     features: FeaturePreset = FeaturePreset.FULL
     schedule: Schedule = Schedule.ONE_F_ONE_B
@@ -86,17 +87,21 @@ class MemoryBreakdown:
     ----------
     params, grads, optimizer, activations : float
         Weights (with ZeRO-3 prefetch buffers), gradients, optimizer states, activations.
+    fragmentation : float
+        What the caching allocator holds beyond the activations
+        (:data:`~solver.cost.reserve.FRAGMENTATION` of them).
     """
 
     params: float
     grads: float
     optimizer: float
     activations: float
+    fragmentation: float = 0.0
 
     @property
     def total(self) -> float:
         """Sum of the parts."""
-        return self.params + self.grads + self.optimizer + self.activations
+        return self.params + self.grads + self.optimizer + self.activations + self.fragmentation
 
 
 @dataclass(frozen=True)
@@ -161,10 +166,10 @@ def partial_plans(cfg: ConfigArrays, costs: StageCosts, index: np.ndarray,
     n = len(cfg)
     cols = {f: _column(getattr(cfg, f), index, n)
             for f in ("tp", "cp", "ep", "pp", "dp", "zero", "recompute", "offload", "micro_batch",
-                      "recompute_layers")}
+                      "recompute_layers", "expert_tp")}
     mem = costs.memory
     gb = {f: [x / 1e9 for x in _column(getattr(mem, f), index, n)]
-          for f in ("params", "grads", "optimizer", "activations")}
+          for f in ("params", "grads", "optimizer", "activations", "fragmentation")}
     total = [x / 1e9 for x in _column(mem.total, index, n)]
     lat, fwd, bwd, it = (_column(a, index, n) for a in (
         costs.latency_s, costs.fwd.total, costs.bwd.total, costs.iteration_s))
@@ -173,9 +178,9 @@ def partial_plans(cfg: ConfigArrays, costs: StageCosts, index: np.ndarray,
         config = StageConfig(cols["tp"][k], cols["cp"][k], cols["ep"][k], cols["pp"][k],
                              cols["dp"][k], cols["zero"][k], RECOMPUTE_CODES[cols["recompute"][k]],
                              bool(cols["offload"][k]), cols["micro_batch"][k],
-                             cols["recompute_layers"][k] or None)
+                             cols["recompute_layers"][k] or None, cols["expert_tp"][k] or None)
         breakdown = MemoryBreakdown(gb["params"][k], gb["grads"][k], gb["optimizer"][k],
-                                    gb["activations"][k])
+                                    gb["activations"][k], gb["fragmentation"][k])
         out.append(PartialPlan(config, lat[k], fwd[k], bwd[k], it[k], total[k], breakdown,
                                (config.tp, config.cp, config.dp), subs[k],
                                caps[k] if caps is not None else 0))

@@ -6,10 +6,13 @@ an island (parallel degrees, ZeRO stage, recomputation, offload, micro-batch). :
 holds many configurations as parallel NumPy arrays so the cost model evaluates them all at once.
 
 Rank layout (Megatron-LM convention, innermost first): tensor parallel (``tp``), then context
-parallel (``cp``), then data parallel (``dp``), then pipeline (``pp``). Expert parallelism (``ep``)
-partitions the ``dp * cp`` ranks of one TP column: ``ep`` must divide ``dp * cp``, and the experts'
-own data-parallel group has ``dp * cp / ep`` members (Megatron-core's expert-data-parallel group,
-with expert tensor parallelism equal to ``tp``).
+parallel (``cp``), then data parallel (``dp``), then pipeline (``pp``). The experts of an MoE
+layer run on Megatron-Core's expert grid over the same ``tp * cp * dp`` GPUs of a pipeline rank:
+expert tensor parallelism (``expert_tp``, by default ``tp``) innermost, then expert parallelism
+(``ep``), then the experts' own data parallelism, ``tp * cp * dp / (expert_tp * ep)`` members
+(``megatron/core/parallel_state.py``, ``initialize_model_parallel``: the expert
+``RankGenerator`` with order tp-ep-dp-pp). So EP ranks sit ``expert_tp`` apart, and with
+``expert_tp = 1`` EP may reach ``tp * cp * dp``.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ class StageConfig:
     cp : int
         Context-parallel degree (sequence split, ring exchange of K/V).
     ep : int
-        Expert-parallel degree (MoE only; divides the experts and ``dp * cp``).
+        Expert-parallel degree (MoE only; divides the experts and ``tp * cp * dp / etp``).
     pp : int
         Pipeline sub-stages inside the island (1F1B between them).
     dp : int
@@ -92,6 +95,10 @@ class StageConfig:
         ``recompute_method_per_stage_micro_batch`` 1 and ``recompute_num_layers_per_stage_
         micro_batch`` k), the others storing their whole activations. A sub-stage of fewer than
         ``k`` layers recomputes all of them. Must be None without FULL.
+    expert_tp : int | None
+        Expert tensor-parallel degree (Megatron's ``--expert-tensor-parallel-size``, FlagScale's
+        ``expert_tensor_parallel_size_per_process_mesh``); None: equal to ``tp``, the runtimes'
+        default. Each expert's weights are split ``expert_tp`` ways.
     """
 
     tp: int = 1
@@ -104,8 +111,11 @@ class StageConfig:
     offload: bool = False
     micro_batch: int = 1
     recompute_layers: int | None = None
+    expert_tp: int | None = None
 
     def __post_init__(self) -> None:
+        if self.expert_tp is not None and self.expert_tp < 1:
+            raise ValueError(f"expert_tp must be >= 1, got {self.expert_tp}")
         k = self.recompute_layers
         if k is not None and (self.recompute is not Recompute.FULL or k < 1):
             raise ValueError(f"recompute_layers {k} needs full recomputation and k >= 1 "
@@ -122,6 +132,16 @@ class StageConfig:
         """GPUs the configuration occupies."""
         return self.tp * self.cp * self.pp * self.dp
 
+    @property
+    def etp(self) -> int:
+        """The expert tensor-parallel degree in effect (``expert_tp``, or ``tp``)."""
+        return self.tp if self.expert_tp is None else self.expert_tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Replicas of each expert shard: the expert-data-parallel group's size."""
+        return self.tp * self.cp * self.dp // (self.etp * self.ep)
+
 
 @dataclass(frozen=True)
 class ConfigArrays:
@@ -137,6 +157,8 @@ class ConfigArrays:
         Boolean array.
     recompute_layers : numpy.ndarray | int
         :attr:`StageConfig.recompute_layers` with 0 for None (all layers).
+    expert_tp : numpy.ndarray | int
+        :attr:`StageConfig.expert_tp` with 0 for None (equal to ``tp``).
     """
 
     tp: np.ndarray
@@ -149,6 +171,7 @@ class ConfigArrays:
     offload: np.ndarray
     micro_batch: np.ndarray
     recompute_layers: np.ndarray | int = 0
+    expert_tp: np.ndarray | int = 0
 
     @classmethod
     def of(cls, configs: list[StageConfig] | tuple[StageConfig, ...]) -> "ConfigArrays":
@@ -156,6 +179,7 @@ class ConfigArrays:
         cols = {f.name: [getattr(c, f.name) for c in configs] for f in fields(StageConfig)}
         cols["recompute"] = [RECOMPUTE_CODES.index(r) for r in cols["recompute"]]
         cols["recompute_layers"] = [k or 0 for k in cols["recompute_layers"]]
+        cols["expert_tp"] = [e or 0 for e in cols["expert_tp"]]
         arrays = {k: np.asarray(v, dtype=bool if k == "offload" else np.int64)
                   for k, v in cols.items()}
         return cls(**arrays)
@@ -173,11 +197,12 @@ class ConfigArrays:
         cols = {f.name: np.broadcast_to(getattr(self, f.name), (n,))[np.asarray(index, dtype=int)]
                 .tolist() for f in fields(self)}
         return [StageConfig(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, zero=z, recompute=RECOMPUTE_CODES[r],
-                            offload=bool(o), micro_batch=b, recompute_layers=k or None)
-                for tp, cp, ep, pp, dp, z, r, o, b, k in zip(
+                            offload=bool(o), micro_batch=b, recompute_layers=k or None,
+                            expert_tp=e or None)
+                for tp, cp, ep, pp, dp, z, r, o, b, k, e in zip(
                     cols["tp"], cols["cp"], cols["ep"], cols["pp"], cols["dp"], cols["zero"],
                     cols["recompute"], cols["offload"], cols["micro_batch"],
-                    cols["recompute_layers"])]
+                    cols["recompute_layers"], cols["expert_tp"])]
 
     def joined(self, other: "ConfigArrays") -> "ConfigArrays":
         """These configurations followed by ``other``'s."""
@@ -191,6 +216,12 @@ class ConfigArrays:
         n = len(self)
         return ConfigArrays(**{f.name: np.broadcast_to(getattr(self, f.name), (n,))[index]
                                for f in fields(self)})
+
+
+def expert_tp(cfg: ConfigArrays) -> np.ndarray:
+    """The expert tensor-parallel degree in effect per configuration (``tp`` where 0)."""
+    e = np.asarray(cfg.expert_tp)
+    return np.where(e > 0, e, cfg.tp)
 
 
 def recomputed_layers(cfg: ConfigArrays, layers: np.ndarray) -> np.ndarray:

@@ -48,6 +48,7 @@ from solver.cost.efficiency import (
     GemmKernel,
     Links,
 )
+from solver.cost.fp8_casts import cast_bytes
 from solver.cost.runtime.frameworks import Runtime
 from solver.cost.memory import (MemoryArrays, stored_bytes_per_token, stored_layer_bytes,
                                 substage_memory)
@@ -154,10 +155,11 @@ class StageCosts:
         """Per-iteration seconds outside the pipeline: exposed DP sync plus optimizer step."""
         return self.dp_s + self.optimizer_s
 
-    def fits(self, hbm_gb: float, epsilon: float, calib: Calibration) -> np.ndarray:
-        """HBM use within ``(1 - epsilon) hbm_gb`` and offloaded activations within the host
+    def fits(self, cap_bytes: float, calib: Calibration) -> np.ndarray:
+        """Device memory within ``cap_bytes`` (the usable bytes,
+        :func:`~solver.cost.reserve.usable_bytes`) and offloaded activations within the host
         budget ``calib.host_offload_gb``."""
-        return ((self.memory.total <= (1.0 - epsilon) * hbm_gb * 1e9)
+        return ((self.memory.total <= cap_bytes)
                 & (self.host_bytes <= calib.host_offload_gb * 1e9))
 
 
@@ -169,8 +171,12 @@ def _time_inputs(model: ModelSpec, island: Island, seq_len: int, calib: Calibrat
     peak = sixteen * gpu.peak_tflops(prec) / gpu.peak_tflops(Precision.BF16)
     fused = attention_fused(island, calib, runtime)
     attention = min(g.attention_eff for g in island.gpu_types) if fused else None
+    fp8 = _fp8(island, runtime)
+    # The LM head stays 16-bit under FP8 (TimeInputs.head_gemm).
+    head = GemmKernel.of(island, Precision.BF16, calib) if fp8 else None
     return TimeInputs(model, seq_len, peak, sixteen, GemmKernel.of(island, prec, calib), attention,
-                      Links.of(island, calib), calib, runtime.profile, runtime.overlap)
+                      Links.of(island, calib), calib, runtime.profile, runtime.overlap, head,
+                      cast_bytes(island, prec, fp8))
 
 
 def attention_fused(island: Island, calib: Calibration, runtime: Runtime) -> bool:
@@ -198,7 +204,7 @@ def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
     p2p = p2p_time(ti, cfg) * p2p_factor
     bwd_work = bwd.compute + bwd.recompute
     z_fwd, z_bwd, dp_s, optimizer = _zero_and_sync(ti, cfg, layers, emb, head, fwd.compute,
-                                                   bwd_work)
+                                                   bwd_work, share)
     flash = ti.attention_eff is not None
     cf = ti.calib.moe_capacity_factor
     stored = (stored_layer_bytes(stored_bytes_per_token(ti.model, ti.seq_len, flash, cf), cfg,
@@ -317,11 +323,12 @@ def island_substage_memory(model: ModelSpec, island: Island, seq_len: int, cfg: 
 
 
 def in_flight_capacity(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays,
-                       costs: StageCosts, n_micro: int, epsilon: float,
+                       costs: StageCosts, n_micro: int, cap_bytes: float,
                        calib: Calibration = DEFAULT_CALIBRATION,
                        runtime: Runtime = Runtime()) -> np.ndarray:
     """Most micro-batches in flight each single-sub-stage (``pp = 1``) configuration can hold
-    within ``(1 − ε)·HBM`` and the host offload budget, capped at ``n_micro`` (0: never fits).
+    within ``cap_bytes`` (the usable bytes) and the host offload budget, capped at ``n_micro``
+    (0: never fits).
 
     ``costs`` are the configurations' costs at one micro-batch in flight. Memory is affine in the
     in-flight count (activations scale with it, offload keeps ``offload_resident`` in HBM and
@@ -330,7 +337,7 @@ def in_flight_capacity(slc: ModelSlice, island: Island, seq_len: int, cfg: Confi
     two = island_substage_memory(slc.model, island, seq_len, cfg, np.asarray(slc.layers),
                                  np.asarray(slc.has_embedding), np.asarray(slc.has_head),
                                  np.asarray(2.0), calib, runtime)
-    hbm_limit = (1.0 - epsilon) * island.hbm_gb * 1e9
+    hbm_limit = cap_bytes
     host_limit = calib.host_offload_gb * 1e9
     out = np.full(np.shape(costs.memory.total), float(n_micro))
     for one, slope, limit in ((costs.memory.total, two.total - costs.memory.total, hbm_limit),

@@ -15,12 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from numba import njit
 
 from solver.cost.configs import FeatureSet, _zero_allowed, enumerate_configs, multi_mesh_cp
 from solver.cost.partial import PartialPlan, PlanContext, SliceBatch, partial_plans
 from solver.cost.recompute_layers import (RECOMPUTE_LEVELS, partial_recompute_allowed,
                                           with_partial_recompute)
+from solver.cost.reserve import usable_bytes
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, StageCosts, in_flight_capacity, stage_costs
 from solver.spec.domain import Island, ModelSpec, Schedule
@@ -139,12 +139,13 @@ def stage_candidates(parallelizer, model: ModelSpec, lengths: list[int], has_emb
         cfg, src = with_partial_recompute(
             model, island, ctx.seq_len, cfg, per_row, has_embedding, has_head,
             replace(pipe, n_micro=top), list(range(1, top + 1)),
-            (1.0 - ctx.epsilon) * island.hbm_gb * 1e9, parallelizer.calibration, ctx.runtime)
+            usable_bytes(island, ctx.epsilon), parallelizer.calibration, ctx.runtime)
         per_row, length_index = per_row[src], length_index[src]
     batch = SliceBatch(model, per_row, has_embedding, has_head)
     costs = stage_costs(batch, island, ctx.seq_len, cfg, pipe, parallelizer.calibration,
                         ctx.runtime)
-    cap = in_flight_capacity(batch, island, ctx.seq_len, cfg, costs, ctx.n_micro, ctx.epsilon,
+    cap = in_flight_capacity(batch, island, ctx.seq_len, cfg, costs, ctx.n_micro,
+                             usable_bytes(island, ctx.epsilon),
                              parallelizer.calibration, ctx.runtime)
     idx = np.flatnonzero(cap > 0)
     keep = candidate_mask(length_index[idx], costs.latency_s[idx], costs.iteration_s[idx],
@@ -196,8 +197,68 @@ def candidate_mask(groups: np.ndarray, latency: np.ndarray, iteration: np.ndarra
     return keep
 
 
-@njit(cache=True)
 def _dominated(groups: np.ndarray, iteration: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """Rows (sorted by group first) that an earlier row of their group has no larger iteration
+    time and no smaller capacity than; a row of infinite iteration time is always one.
+    Compiled (numba) or NumPy, the same answer (:mod:`solver.compose.kernels.kernel_switch` picks, by
+    the NumPy twin's work: all pairs of a few rows, else the rows times the capacities)."""
+    from solver.compose.kernels.kernel_switch import compiled_now, numpy_seconds, use_compiled
+    n = groups.size
+    if compiled_now() or use_compiled(numpy_seconds(10, 6 * n * n) if n <= 64 else
+                                      numpy_seconds(24, n * (4 * int(capacity.max()) + 24))):
+        return _compiled_kernel()(groups, iteration, capacity)
+    return _dominated_np(groups, iteration, capacity)
+
+
+def _dominated_np(groups: np.ndarray, iteration: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """:func:`_dominated` in NumPy. A row is dominated exactly when an earlier row of its run of
+    equal groups has no larger iteration time and no smaller capacity (the loops' running
+    bests only keep that fact; a dominated row would change none of them): all pairs at once
+    for a few rows, else per capacity level a running least of a key ordering rows by iteration
+    time within their run (dense ranks) above which every earlier run lies."""
+    n = groups.size
+    out = iteration == np.inf  # the compiled loop: inf <= inf
+    if n < 2:
+        return out
+    run = np.zeros(n, dtype=np.int64)
+    np.cumsum(groups[1:] != groups[:-1], out=run[1:])
+    if n <= 64:
+        at = np.arange(n)
+        pairs = (at[:, None] < at) & (run[:, None] == run) & (capacity[:, None] >= capacity) & \
+            (iteration[:, None] <= iteration)  # [e, i]: e before i, same run, no worse
+        return out | pairs.any(axis=0)
+    order = np.argsort(iteration, kind="stable")
+    ranked = iteration[order]
+    rank = np.empty(n, dtype=np.int64)
+    rank[order[0]] = 0
+    rank[order[1:]] = np.cumsum(ranked[1:] != ranked[:-1])
+    key = (run[-1] - run) * n + rank
+    levels = np.unique(capacity)
+    above = (run[-1] + 1) * n  # above every key
+    running = np.minimum.accumulate(np.where(capacity[None, :] >= levels[:, None], key, above),
+                                    axis=1)
+    before = np.empty_like(running)
+    before[:, 0] = above
+    before[:, 1:] = running[:, :-1]
+    return out | (before[np.searchsorted(levels, capacity), np.arange(n)] <= key)
+
+
+_compiled_dominated = None  # the numba dispatcher, made at its first use (numba is imported then)
+
+
+def _compiled_kernel():
+    """:func:`_dominated_loops` compiled (cached by numba beside this file)."""
+    global _compiled_dominated
+    if _compiled_dominated is None:
+        from numba import njit
+        _compiled_dominated = njit(cache=True)(_dominated_loops)
+    return _compiled_dominated
+
+
+def _dominated_loops(groups: np.ndarray, iteration: np.ndarray,
+                     capacity: np.ndarray) -> np.ndarray:
+    """:func:`_dominated` as loops, for numba: one pass keeping, per capacity, the least
+    iteration time among earlier rows of the group holding at least it."""
     out = np.zeros(groups.size, dtype=np.bool_)
     top = int(capacity.max()) + 1 if capacity.size else 1
     best = np.full(top + 1, np.inf)  # best[c]: least iteration among earlier rows of cap >= c

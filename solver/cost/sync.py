@@ -6,6 +6,16 @@ all-gathers the 16-bit weights after the step; ZeRO-2 must reduce-scatter every 
 ZeRO-3 also gathers the weights every micro-batch. Collectives run on NVLink inside a node and on
 ``k`` rails across nodes (:meth:`~solver.cost.efficiency.Links.data_parallel`). Overlap is the
 framework's, bucket by bucket (:func:`hide`); :mod:`solver.cost.stage_costs` says more.
+
+ZeRO-3 issues its per-micro-batch collectives module by module, each a ring paying its own
+``q - 1`` step latencies: one per weight matrix with DeepSpeed (``fetch_sub_module`` gathers a
+submodule's parameters, tensors under ``stage3_param_persistence_threshold`` stay gathered),
+one per layer with FSDP's per-block wrapping (:func:`zero3_collectives`). Under full
+recomputation DeepSpeed gathers a layer again for its recomputed forward (the module hooks
+fire again) and keeps it for the backward only within ``stage3_max_reuse_distance``
+parameters: the share of a layer whose reuse lies farther is gathered a third time
+(:func:`regathered_share`). With ``zero3_prefetch`` off (DeepSpeed before v0.5.6, whose
+"asynchronous" gathers each synchronized the device: PR #1188) nothing of it hides.
 """
 
 from __future__ import annotations
@@ -14,8 +24,9 @@ import numpy as np
 
 from solver.cost.efficiency import ring_time
 from solver.cost.memory import GRAD_BYTES, WEIGHT_BYTES, param_counts
-from solver.cost.stage import ConfigArrays
+from solver.cost.stage import ConfigArrays, expert_tp
 from solver.cost.timing import TimeInputs
+from solver.spec.domain import ModelSpec
 
 
 def hide(comm: np.ndarray, window: np.ndarray, buckets: np.ndarray) -> np.ndarray:
@@ -24,15 +35,56 @@ def hide(comm: np.ndarray, window: np.ndarray, buckets: np.ndarray) -> np.ndarra
     return np.maximum(comm - window * (1.0 - 1.0 / buckets), comm / buckets)
 
 
+def zero3_collectives(model: ModelSpec, per_matrix: bool, local_experts
+                      ) -> tuple[int, np.ndarray]:
+    """ZeRO-3 collectives of one layer per gather or reduce-scatter pass, on the dense and on
+    the expert data-parallel group, for ``local_experts`` routed experts per rank.
+
+    ``per_matrix`` (DeepSpeed): one per weight matrix in Megatron's fused layout (QKV, output
+    projection, up-projection with its gate, down-projection; for MoE the router, the shared
+    experts' two and each local expert's two); norm vectors and biases, under
+    ``stage3_param_persistence_threshold`` (1e5), stay gathered. Otherwise (FSDP) one per layer
+    and group.
+    """
+    local = np.asarray(local_experts, dtype=float)
+    if not model.is_moe:
+        return (4 if per_matrix else 1), np.zeros_like(local)
+    if not per_matrix:
+        return 1, np.ones_like(local)
+    return 2 + 1 + (2 if model.shared_experts else 0), 2.0 * local
+
+
+def regathered_share(ti: TimeInputs, cfg: ConfigArrays, share: np.ndarray) -> np.ndarray:
+    """Share of the sub-stage's layers whose weights ZeRO-3 gathers a third time per
+    micro-batch (see the module docstring; 0 without a reuse distance, i.e. FSDP).
+
+    A module's weights are reused, after its recomputed forward, once the rest of the layer has
+    run forward and backward: about twice the layer's parameters after it. They stay gathered
+    only if that is within the reuse distance ``R``, so of a layer of ``P`` gathered parameters
+    the first ``P - R/2`` are gathered again: ``max(1 - R / 2P, 0)`` of it, for the
+    recomputed ``share`` of the layers.
+    """
+    reuse = ti.profile.zero3_reuse_params
+    if reuse <= 0:
+        return np.zeros(np.broadcast(np.asarray(cfg.tp), np.asarray(share)).shape)
+    one, none = np.ones(np.shape(cfg.tp)), np.zeros(np.shape(cfg.tp), dtype=bool)
+    dense, expert = param_counts(ti.model, cfg, one, none, none)
+    layer = dense + expert
+    return np.clip(1.0 - reuse / (2.0 * np.maximum(layer, 1.0)), 0.0, 1.0) * share
+
+
 def _collectives(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,
                  head: np.ndarray):
     """``coll(bytes_per_param, factor)`` over the sub-stage's data-parallel groups (dense and
-    expert), the gradient bucket count and the locally updated parameters."""
+    expert), the latency of ZeRO-3's per-module collectives beyond the first of each group,
+    the gradient bucket count and the locally updated parameters."""
     dense, expert = param_counts(ti.model, cfg, layers, emb, head)
     q_dense = cfg.dp * cfg.cp
-    q_expert = q_dense // cfg.ep
+    # The expert grid (tp-ep-dp over the stage's GPUs): expert-DP ranks sit etp·ep apart.
+    etp = expert_tp(cfg)
+    q_expert = q_dense * cfg.tp // (etp * cfg.ep)
     bw_d, lat_d = ti.links.data_parallel(cfg.tp, q_dense)
-    bw_e, lat_e = ti.links.data_parallel(cfg.tp * cfg.ep, q_expert)
+    bw_e, lat_e = ti.links.data_parallel(etp * cfg.ep, q_expert)
 
     def coll(bytes_per_param: float, factor: float = 1.0) -> np.ndarray:
         # No expert weights (a dense model, or no layer here): no expert collective to run.
@@ -40,23 +92,35 @@ def _collectives(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.
                                                  lat_e, factor), 0.0)
         return ring_time(bytes_per_param * dense, q_dense, bw_d, lat_d, factor) + experts
 
+    # coll prices each group as one collective: the other per-module ones add their latency.
+    n_d, n_e = zero3_collectives(ti.model, ti.profile.zero3_per_matrix,
+                                 ti.model.experts / cfg.ep)
+    more_d = np.maximum(layers * n_d + emb + head - 1, 0)
+    more_e = np.where(expert > 0, np.maximum(layers * n_e - 1, 0), 0)
+    steps = (more_d * ring_time(0.0, q_dense, bw_d, lat_d)
+             + more_e * ring_time(0.0, q_expert, bw_e, lat_e))
     buckets = np.maximum(np.ceil((dense + expert) / ti.profile.bucket_params(cfg.dp)), 1.0)
     local = np.where(cfg.zero >= 1, dense / q_dense + expert / q_expert, dense + expert)
-    return coll, buckets, local
+    return coll, steps, buckets, local
 
 
 def _zero_and_sync(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,
-                   head: np.ndarray, fwd_work: np.ndarray, bwd_work: np.ndarray
+                   head: np.ndarray, fwd_work: np.ndarray, bwd_work: np.ndarray,
+                   share: np.ndarray | float = 0.0
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Exposed per-micro-batch ZeRO-2/3 collectives (fwd, bwd), exposed per-iteration sync and
-    the optimizer step of a sub-stage (the module docstring says what overlaps)."""
-    coll, nb, local = _collectives(ti, cfg, layers, emb, head)
+    the optimizer step of a sub-stage (the module docstring says what overlaps); ``share``:
+    the recomputed fraction of its layers."""
+    coll, steps, nb, local = _collectives(ti, cfg, layers, emb, head)
     z3, z2 = cfg.zero >= 3, cfg.zero == 2
-    gather = np.where(z3, coll(WEIGHT_BYTES), 0.0)
-    scatter = np.where(z3 | z2, coll(GRAD_BYTES), 0.0)
-    z_fwd, z_bwd = gather, gather + scatter
+    gather = np.where(z3, coll(WEIGHT_BYTES) + steps, 0.0)
+    scatter = np.where(z3, coll(GRAD_BYTES) + steps, np.where(z2, coll(GRAD_BYTES), 0.0))
+    again = regathered_share(ti, cfg, share)
+    z_fwd, z_bwd = gather, gather * (1.0 + again) + scatter
     if ti.overlap:  # prefetched gathers, bucketed reduce-scatters (DeepSpeed, FSDP)
-        z_fwd, z_bwd = hide(z_fwd, fwd_work, nb), hide(z_bwd, bwd_work, nb)
+        hides = ti.calib.zero3_prefetch | ~z3  # 2021 DeepSpeed's ZeRO-3 waited for each
+        z_fwd = np.where(hides, hide(z_fwd, fwd_work, nb), z_fwd)
+        z_bwd = np.where(hides, hide(z_bwd, bwd_work, nb), z_bwd)
     grads = np.where(cfg.zero == 0, coll(GRAD_BYTES, 2.0),
                      np.where(z3 | z2, 0.0, coll(GRAD_BYTES)))
     weights = np.where((cfg.zero >= 1) & ~z3, coll(WEIGHT_BYTES), 0.0)

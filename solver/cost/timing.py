@@ -10,7 +10,10 @@ attention core executes the full square at ``unfused_attention_eff`` (unfused ke
 Megatron-LM 2021, or a GPU without a fused kernel, V100) or half of it, the causal triangle,
 at the GPU's fused-kernel
 efficiency (FlashAttention-2/3), always in 16 bits; memory-bound operators move
-``elementwise_bytes`` per hidden element per token through HBM (twice in backward).
+``elementwise_bytes`` per hidden element per token through HBM (twice in backward), MoE layers
+also their permutations (``MOE_PERMUTE_BYTES``; with several local experts the sort by expert,
+``MOE_SORT_BYTES``). FP8 layers add Transformer Engine's casts of every GEMM operand
+(:mod:`solver.cost.fp8_casts`); the LM head stays 16-bit.
 
 Communication (the Scaling Book chapter, seeds/004; Korthikanti et al. 2022 for sequence
 parallelism): per layer and pass (forward, and again backward), TP with SP does 2 all-gathers +
@@ -45,12 +48,14 @@ from solver.cost.efficiency import (
     Links,
     ring_time,
 )
+from solver.cost.fp8_casts import layer_cast_bytes
 from solver.cost.runtime.frameworks import FrameworkProfile
-from solver.cost.stage import ConfigArrays
+from solver.cost.stage import ConfigArrays, expert_tp
 from solver.spec.domain import ModelSpec
 
 LOGIT_PASS_BYTES = 12.0   # HBM bytes per logit per pass of the fp32 cross entropy (read, write)
 MOE_PERMUTE_BYTES = 8.0   # bytes per hidden element per routed copy: permute + unpermute r/w
+MOE_SORT_BYTES = 8.0      # the same for the sort by local expert and its inverse (r/w each)
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,14 @@ class TimeInputs:
         What the runtime overlaps.
     overlap : bool
         Hide what the schedule hides (False: every transfer exposed, for reporting totals).
+    head_gemm : GemmKernel | None
+        The LM head's 16-bit GEMMs where the layers run FP8 (None: as the layers'):
+        Megatron-Core's ``output_layer`` is a ``tensor_parallel.ColumnParallelLinear``, outside
+        Transformer Engine's FP8 (``megatron/core/models/gpt/gpt_model.py``; an MXFP8 head is
+        opt-in since May 2026, ``fp8_output_proj``).
+    fp8_cast : tuple[float, float]
+        HBM bytes per element of quantizing a GEMM operand to FP8, for an operand a norm kernel
+        writes and for any other (:mod:`solver.cost.fp8_casts`); zeros without FP8.
     """
 
     model: ModelSpec
@@ -144,6 +157,8 @@ class TimeInputs:
     calib: Calibration
     profile: FrameworkProfile
     overlap: bool = True
+    head_gemm: GemmKernel | None = None
+    fp8_cast: tuple[float, float] = (0.0, 0.0)
 
 
 def tokens_per_gpu(cfg: ConfigArrays, seq_len: int) -> np.ndarray:
@@ -173,12 +188,25 @@ def _layer_gemm_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray) -> np.ndar
     if not m.is_moe:
         return t + mlp(n, m.ffn, 1.0)
     t = t + g(2 * n * h * m.experts / tp, n / tp, m.experts, h)
-    # The busiest rank's experts see capacity_factor times the balanced load.
-    per_expert = n * m.top_k * cfg.ep / m.experts * ti.calib.moe_capacity_factor
-    t = t + mlp(per_expert, m.expert_ffn, m.experts / cfg.ep)
     if m.shared_experts:
         t = t + mlp(n, m.shared_experts * m.expert_ffn, 1.0)
-    return t
+    return t + _routed_gemm_fwd(ti, cfg, n)
+
+
+def _routed_gemm_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray) -> np.ndarray:
+    """Forward GEMM seconds of a rank's routed experts, one grouped GEMM per projection.
+
+    A rank holds ``E / ep`` experts, each split ``etp`` ways; its expert-TP group gathers the
+    routed tokens of its ``etp`` sequence shards (``n / tp`` tokens each), so each expert sees
+    ``etp · n · k · ep / (tp · E)`` tokens, times the capacity factor on the busiest rank.
+    """
+    m, etp = ti.model, expert_tp(cfg)
+    h, up = m.hidden, (2 if m.gated_mlp else 1)
+    tokens = etp * n / cfg.tp * m.top_k * cfg.ep / m.experts * ti.calib.moe_capacity_factor
+    flops = 2 * tokens * (m.experts / cfg.ep) * h * m.expert_ffn * (up + 1) / etp
+    split = up / (up + 1)
+    return (ti.gemm.seconds(flops * split, tokens, up * m.expert_ffn / etp, h, ti.peak_flops)
+            + ti.gemm.seconds(flops * (1 - split), tokens, h, m.expert_ffn / etp, ti.peak_flops))
 
 
 def _layer_compute_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray
@@ -194,8 +222,26 @@ def _layer_compute_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray
     if m.is_moe:
         elem_bytes += MOE_PERMUTE_BYTES * m.top_k * m.hidden
     elem = elem_bytes * n / cfg.tp / ti.links.hbm_bw
+    if m.is_moe:
+        elem = elem + _expert_sort(ti, cfg, n)
     gemm = _layer_gemm_fwd(ti, cfg, n)
     return gemm + attn + elem, attn, gemm
+
+
+def _expert_sort(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray) -> np.ndarray:
+    """Forward seconds of Megatron-Core's second permutation of the routed tokens.
+
+    With more than one local expert the all-to-all dispatcher sorts the received tokens by
+    local expert before the grouped GEMM and restores their order after it
+    (``sort_chunks_by_idxs`` in ``MoEAlltoAllTokenDispatcher.dispatch_postprocess`` /
+    ``combine_preprocess``, ``megatron/core/transformer/moe/token_dispatcher.py``): two passes
+    reading and writing every token the rank's experts receive, ``etp · n / tp · k`` of them
+    times the capacity factor on the busiest rank.
+    """
+    m = ti.model
+    rows = expert_tp(cfg) * n / cfg.tp * m.top_k * ti.calib.moe_capacity_factor
+    return np.where(m.experts / cfg.ep > 1,
+                    MOE_SORT_BYTES * rows * m.hidden / ti.links.hbm_bw, 0.0)
 
 
 def tp_exposed(ti: TimeInputs, comm: np.ndarray, gemm: np.ndarray, tp: np.ndarray) -> np.ndarray:
@@ -211,13 +257,17 @@ def _layer_comm(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray
     m, links = ti.model, ti.links
     bw, lat = links.select(cfg.tp)
     tp = 4 * ring_time(n * m.hidden * 2.0, cfg.tp, bw, lat)
+    etp = expert_tp(cfg)
+    if m.is_moe:  # attention's gather and scatter over tp, the experts' over expert-TP
+        bw_e, lat_e = links.select(etp)
+        tp = tp / 2 + 2 * ring_time(etp / cfg.tp * n * m.hidden * 2.0, etp, bw_e, lat_e)
     kv_rank = np.maximum(m.kv_heads / cfg.tp, 1.0) * m.d_head
     bw, lat = links.select(cfg.tp * cfg.cp)
     cp = ring_time(cfg.cp * 2 * n * kv_rank * 2.0, cfg.cp, bw, lat)
     ep = np.zeros_like(tp)
-    if m.is_moe:  # dispatch and combine; EP ranks sit tp apart (tp-cp-ep-dp order)
+    if m.is_moe:  # dispatch and combine; EP ranks sit etp apart (the expert grid, tp-ep-dp)
         sent = n * m.top_k * m.hidden * 2.0 / cfg.tp * ti.calib.moe_capacity_factor
-        ep = 2 * links.all_to_all(sent, cfg.tp * cfg.cp, cfg.ep)
+        ep = 2 * links.all_to_all(sent, etp, cfg.ep)
     return tp, cp, ep
 
 
@@ -225,15 +275,16 @@ def layer_times(ti: TimeInputs, cfg: ConfigArrays, share: np.ndarray | float = 1
                 ) -> tuple[Components, Components]:
     """Forward and backward :class:`Components` of one layer for one micro-batch.
 
-    The backward pass costs twice the forward's compute. Its TP and EP traffic equals the
-    forward's (the conjugate collectives: reduce-scatter of input gradients, all-gather of output
-    gradients, the reverse all-to-alls), overlapped (where the framework does) beside twice the
-    GEMM time; the extra all-gather of the sequence-sharded input for the weight gradients
-    overlaps with the data-gradient GEMM (Korthikanti et al. 2022, Sec. 4.2.2). The CP ring runs
-    twice (K/V out, dK/dV back). Full recomputation (code 2) adds a forward's compute and
-    collectives to it; selective recomputation (code 1) adds the attention core and its CP ring.
-    CP communication is hidden behind the attention core of the same pass (ring attention); only
-    the excess is exposed.
+    The backward pass costs twice the forward's compute (its FP8 quantization aside: the
+    gradients' own, :func:`~solver.cost.fp8_casts.layer_cast_bytes`). Its TP and EP traffic
+    equals the forward's (the conjugate collectives: reduce-scatter of input gradients,
+    all-gather of output gradients, the reverse all-to-alls), overlapped (where the framework
+    does) beside twice the GEMM time; the extra all-gather of the sequence-sharded input for
+    the weight gradients overlaps with the data-gradient GEMM (Korthikanti et al. 2022,
+    Sec. 4.2.2). The CP ring runs twice (K/V out, dK/dV back). Full recomputation (code 2)
+    adds a forward's compute and collectives to it; selective recomputation (code 1) adds the
+    attention core and its CP ring. CP communication is hidden behind the attention core of
+    the same pass (ring attention); only the excess is exposed.
 
     ``share``: the fraction of the (sub-)stage's layers that full recomputation recomputes
     (the block method's ``r / layers``, :func:`~solver.cost.stage.recomputed_layers`); the
@@ -242,6 +293,10 @@ def layer_times(ti: TimeInputs, cfg: ConfigArrays, share: np.ndarray | float = 1
     """
     n = tokens_per_gpu(cfg, ti.seq_len)
     comp, attn, gemm = _layer_compute_fwd(ti, cfg, n)
+    # FP8 quantization: the forward's is part of comp, the backward's quantizes gradients.
+    cast_fwd, cast_bwd = (x / ti.links.hbm_bw for x in layer_cast_bytes(
+        ti.model, cfg.tp, expert_tp(cfg), n, ti.calib.moe_capacity_factor, *ti.fp8_cast))
+    comp = comp + cast_fwd
     tp, cp, ep = _layer_comm(ti, cfg, n)
     rc_comm = np.where(cfg.recompute == 2, share, 0.0)
     rc_core = rc_comm * comp + np.where(cfg.recompute == 1, attn, 0.0)
@@ -250,7 +305,7 @@ def layer_times(ti: TimeInputs, cfg: ConfigArrays, share: np.ndarray | float = 1
     tp_bwd = tp_exposed(ti, tp, 2 * gemm, cfg.tp)
     fwd = Components(compute=comp, tp=tp_fwd, cp=cp_exposed, ep=ep)
     bwd = Components(
-        compute=2 * comp, recompute=rc_core,
+        compute=2 * (comp - cast_fwd) + cast_bwd, recompute=rc_core,
         tp=tp_bwd + rc_comm * tp_fwd, ep=ep * (1 + rc_comm),
         cp=cp_exposed * (2 + rc_comm + np.where(cfg.recompute == 1, 1.0, 0.0)),
     )
@@ -267,12 +322,16 @@ def embedding_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Comp
 
 
 def head_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Components]:
-    """LM head and loss: logits GEMM ``(n, V/tp, h)``, fp32 cross entropy over ``n V / tp``
-    logits, an all-gather of the final hidden states (fwd) and a reduce-scatter (bwd)."""
+    """LM head and loss: logits GEMM ``(n, V/tp, h)`` in 16 bits, fp32 cross entropy over
+    ``n V / tp`` logits, an all-gather of the final hidden states (fwd) and a reduce-scatter
+    (bwd)."""
     m = ti.model
     n = tokens_per_gpu(cfg, ti.seq_len)
-    gemm = ti.gemm.seconds(2 * n * m.hidden * m.vocab / cfg.tp, n, m.vocab / cfg.tp, m.hidden,
-                           ti.peak_flops)
+    # 16-bit even when the layers run FP8 (TimeInputs.head_gemm).
+    kernel, peak = ((ti.gemm, ti.peak_flops) if ti.head_gemm is None
+                    else (ti.head_gemm, ti.attention_flops))
+    gemm = kernel.seconds(2 * n * m.hidden * m.vocab / cfg.tp, n, m.vocab / cfg.tp, m.hidden,
+                          peak)
     loss = LOGIT_PASS_BYTES * n * m.vocab / cfg.tp / ti.links.hbm_bw
     bw, lat = ti.links.select(cfg.tp)
     one = ring_time(n * m.hidden * 2.0, cfg.tp, bw, lat)

@@ -74,6 +74,8 @@ def flagscale_config(plan: Plan) -> dict[str, Any]:
         **optimizer_flags(plan),
         "precision": precision_flags(plan),
     }
+    if plan.job.model.is_moe and not hetero:  # the expert grid (Megatron-Core parallel_state)
+        system["expert_tensor_parallel_size"] = first.expert_tp
     recompute = _recompute(plan, ms)
     if recompute:
         system["recompute"] = recompute
@@ -214,6 +216,8 @@ def _hetero(plan: Plan, ms: list[Mesh]) -> dict[str, Any]:
     }
     if plan.job.model.tied_embeddings and ms[0].dp != ms[-1].dp:
         out["use_partial_reduce_for_shared_embedding"] = True
+    if plan.job.model.is_moe:  # ParallelContext.build_all_process_meshes reads it per mesh
+        out["expert_tensor_parallel_size_per_process_mesh"] = [m.expert_tp for m in ms]
     return out
 
 

@@ -97,6 +97,7 @@ def problems(doc: dict[str, Any], hostfile: str | None) -> list[str]:
     hetero = bool(args.get("enable_hetero"))
     out += _hetero_rules(args, hosts) if hetero else _plain_rules(args, hosts)
     out += _model_rules(args, hetero)
+    out += _expert_grid_rules(args, hosts, hetero)
     out += _batch_rules(args, hosts, hetero)
     out += _recompute_rules(args)
     return out
@@ -313,6 +314,38 @@ def _model_rules(args: dict[str, Any], hetero: bool) -> list[str]:
         out.append("expert parallelism without experts (TransformerConfig.__post_init__)")
     if experts is not None and "disable_bias_linear" not in args:
         out.append("MoE with linear biases (TransformerConfig: 'Bias is not supported for MoE')")
+    return out
+
+
+def _expert_grid_rules(args: dict[str, Any], hosts: list[Host], hetero: bool) -> list[str]:
+    """The expert grid of every mesh: Megatron-Core's ``initialize_model_parallel``
+    (``megatron/core/parallel_state.py``) raises unless expert-TP x EP x PP divides the mesh's
+    GPUs (FlagScale's ``ParallelContext.build_all_process_meshes`` builds one grid per mesh with
+    ``expert_tensor_parallel_size_per_process_mesh``, whose length ``pre_validate_args``
+    checks against the meshes)."""
+    out: list[str] = []
+    if hetero:
+        ms = meshes_of(args)
+        etps = args.get("expert_tensor_parallel_size_per_process_mesh")
+        if etps is not None and len(etps) != len(ms):
+            return [f"expert_tensor_parallel_size_per_process_mesh has {len(etps)} entries for "
+                    f"{len(ms)} meshes (pre_validate_args)"]
+        grids = [(tp * cp * dp, int(e) if e else tp, ep)
+                 for (tp, cp, ep, dp, _), e in zip(ms, etps or [None] * len(ms))]
+    else:
+        tp, cp = int(args.get("tensor_model_parallel_size", 1)), int(args.get(
+            "context_parallel_size", 1))
+        pp = int(args.get("pipeline_model_parallel_size", 1))
+        world = sum(h.slots for h in hosts)
+        if not world:  # no hostfile: the GPUs per pipeline rank are unknown
+            return out
+        etp = args.get("expert_tensor_parallel_size")
+        grids = [(world // pp, int(etp) if etp else tp, int(args.get(
+            "expert_model_parallel_size", 1)))]
+    for span, etp, ep in grids:
+        if span % (etp * ep):
+            out.append(f"expert-tp {etp} x ep {ep} does not divide the {span} GPUs per pipeline "
+                       "rank (parallel_state.initialize_model_parallel)")
     return out
 
 

@@ -38,6 +38,8 @@ class Stage:
         With ``full``: layers recomputed by the block method (None: all, the uniform method).
     device : str | None
         Its mesh's device type (hetero mode).
+    expert_tp : int | None
+        Its mesh's expert tensor-parallel degree (None: not set, equal to tp).
     """
 
     layers: int
@@ -49,6 +51,7 @@ class Stage:
     recompute: str
     recompute_layers: int | None
     device: str | None
+    expert_tp: int | None = None
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,8 @@ def read_back(doc: dict[str, Any], hostfile: str) -> ReadBack:
     hetero = bool(args.get("enable_hetero"))
     if hetero:
         ms, types = meshes_of(args), list(args["hetero_device_types"])
-        layouts = [(m, t) for m, t in zip(ms, types) for _ in range(m[4])]
+        etps = args.get("expert_tensor_parallel_size_per_process_mesh") or [None] * len(ms)
+        layouts = [(m + [e], t) for m, t, e in zip(ms, types, etps) for _ in range(m[4])]
         split = list(args["hetero_pipeline_layer_split"])
         v = 1
     else:
@@ -100,7 +104,7 @@ def read_back(doc: dict[str, Any], hostfile: str) -> ReadBack:
         cp, ep = int(args.get("context_parallel_size", 1)), int(args.get(
             "expert_model_parallel_size", 1))
         split = stage_split(args, pp)
-        layouts = [([tp, cp, ep, 0, 1], None)] * pp
+        layouts = [([tp, cp, ep, 0, 1, args.get("expert_tensor_parallel_size")], None)] * pp
         chunk = args.get("num_layers_per_virtual_pipeline_stage")
         v = split[0] // int(chunk) if chunk else 1
     # One mesh: Megatron's dp is what the world leaves (validate_args: world // (tp pp cp)).
@@ -110,7 +114,8 @@ def read_back(doc: dict[str, Any], hostfile: str) -> ReadBack:
     stages = []
     for (m, dev), layers, (kind, k) in zip(layouts, split, rc):
         dp = m[3] or dp0
-        stages.append(Stage(layers, m[0], m[1], m[2], dp, dp0 * mbs // dp, kind, k, dev))
+        stages.append(Stage(layers, m[0], m[1], m[2], dp, dp0 * mbs // dp, kind, k, dev,
+                            None if m[5] is None else int(m[5])))
     return ReadBack(tuple(stages), v, n, gb, hetero)
 
 

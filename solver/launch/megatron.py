@@ -4,7 +4,8 @@ Flag names as Megatron-LM spells them (NVIDIA/Megatron-LM ``core_v0.14.0``,
 ``megatron/training/arguments.py``; the model block: :mod:`solver.launch.model_flags`):
 
 * ``_add_distributed_args``: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
-  ``--context-parallel-size`` (and ``_add_moe_args``: ``--expert-model-parallel-size``);
+  ``--context-parallel-size`` (and ``_add_moe_args``: ``--expert-model-parallel-size``,
+  ``--expert-tensor-parallel-size``);
   ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` (the layers
   of the first / last pipeline stage; the others split the rest evenly: ``TransformerConfig.
   __post_init__`` checks the middle divides); ``--pipeline-model-parallel-layout`` for any
@@ -45,9 +46,10 @@ __all__ = ["megatron_args", "megatron_launch", "layer_split_flags", "recompute_f
 def megatron_args(plan: Plan) -> list[str]:
     """The arguments, one flag (with its value) per item, for ``pretrain_gpt.py``."""
     ms = meshes(plan)
-    layouts = {(m.tp, m.cp, m.ep, m.dp) for m in ms}
+    layouts = {(m.tp, m.cp, m.ep, m.dp, m.expert_tp) for m in ms}
     if len(layouts) > 1:
-        detail = "; ".join(f"stages of {m.device}: tp {m.tp} cp {m.cp} ep {m.ep} dp {m.dp}"
+        detail = "; ".join(f"stages of {m.device}: tp {m.tp} cp {m.cp} ep {m.ep} dp {m.dp} "
+                           f"expert-tp {m.expert_tp}"
                            for m in ms)
         raise NotExpressible(f"the stages' layouts differ ({detail}): Megatron-LM runs one "
                              "layout; export to flagscale")
@@ -61,6 +63,7 @@ def megatron_args(plan: Plan) -> list[str]:
         "tensor_model_parallel_size": m.tp,
         "pipeline_model_parallel_size": sum(x.pp for x in ms),
         "context_parallel_size": m.cp, "expert_model_parallel_size": m.ep,
+        **({"expert_tensor_parallel_size": m.expert_tp} if plan.job.model.is_moe else {}),
         "micro_batch_size": micro_batch_size(plan, m.dp),
         "global_batch_size": plan.job.training.global_batch,
         "sequence_parallel": m.tp > 1, "tp_comm_overlap": m.tp > 1,

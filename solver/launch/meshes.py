@@ -43,6 +43,8 @@ class Mesh:
         method (None: all, the uniform method); None without full recomputation.
     nodes : tuple[Node, ...]
         Its nodes in rank order (each node's GPUs are consecutive ranks).
+    expert_tp : int
+        Expert tensor-parallel degree of its routed experts.
     """
 
     device: str
@@ -55,6 +57,7 @@ class Mesh:
     recompute: tuple[Recompute, ...]
     recompute_layers: tuple[int | None, ...] = ()
     nodes: tuple[Node, ...] = ()
+    expert_tp: int = 1
 
     @property
     def gpus(self) -> int:
@@ -83,12 +86,12 @@ def meshes(plan: Plan) -> list[Mesh]:
         k = (c.recompute_layers,) * c.pp
         key = (s.island.gpu.name, c.tp, c.cp, c.ep, c.dp)
         last = out[-1] if out else None
-        if last and previous == s.island.name and \
+        if last and previous == s.island.name and last.expert_tp == c.etp and \
                 (last.device, last.tp, last.cp, last.ep, last.dp) == key:
             out[-1] = Mesh(*key, last.pp + c.pp, last.layers + layers, last.recompute + rc,
-                           last.recompute_layers + k, last.nodes + _stage_nodes(s))
+                           last.recompute_layers + k, last.nodes + _stage_nodes(s), c.etp)
         else:
-            out.append(Mesh(*key, c.pp, layers, rc, k, _stage_nodes(s)))
+            out.append(Mesh(*key, c.pp, layers, rc, k, _stage_nodes(s), c.etp))
         previous = s.island.name
     return out
 

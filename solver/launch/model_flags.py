@@ -25,7 +25,11 @@ block through as the flag of the same name (``flagscale/runner/runner_train.py``
   embedding splits its rows evenly: ``VocabUtility.vocab_range_from_global_vocab_size`` ->
   ``divide``). ``--vocab-size`` is read only by the null tokenizers.
 * ``_add_moe_args``: ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
-  ``--moe-shared-expert-intermediate-size``.
+  ``--moe-shared-expert-intermediate-size``; ``--moe-token-dispatcher-type alltoall`` and
+  ``--moe-grouped-gemm``, because the cost model prices the all-to-all dispatcher and a rank's
+  experts as grouped GEMMs, while Megatron-Core defaults to the ``allgather`` dispatcher and a
+  loop over the experts (``TransformerConfig``: ``moe_token_dispatcher_type = "allgather"``,
+  ``moe_grouped_gemm = False``).
 """
 
 from __future__ import annotations
@@ -75,7 +79,8 @@ def model_flags(plan: Plan, tps: list[int] | tuple[int, ...] = ()) -> dict[str, 
         out.update(group_query_attention=True, num_query_groups=m.kv_heads)
     if m.is_moe:
         out.update(num_experts=m.experts, moe_router_topk=m.top_k,
-                   moe_ffn_hidden_size=m.expert_ffn)
+                   moe_ffn_hidden_size=m.expert_ffn, moe_token_dispatcher_type="alltoall",
+                   moe_grouped_gemm=True)
         if m.shared_experts:
             out["moe_shared_expert_intermediate_size"] = m.shared_experts * m.expert_ffn
     return out

@@ -29,8 +29,9 @@ class StageReport:
         Weights per GPU before ZeRO (after TP and EP sharding).
     tflop_per_micro_batch : float
         TFLOPs of one micro-batch (forward, backward and recomputation) through the stage.
-    weights_gb, grads_gb, optimizer_gb, activations_gb, total_gb : float
-        Per-GPU memory by part (weights include ZeRO-3 buffers and FP8 copies).
+    weights_gb, grads_gb, optimizer_gb, activations_gb, fragmentation_gb, total_gb : float
+        Per-GPU memory by part (weights include ZeRO-3 buffers and FP8 copies; fragmentation:
+        what the caching allocator holds beyond the activations).
     """
 
     stage: int
@@ -41,6 +42,7 @@ class StageReport:
     grads_gb: float
     optimizer_gb: float
     activations_gb: float
+    fragmentation_gb: float
     total_gb: float
 
 
@@ -67,5 +69,5 @@ def explain(plan: Plan) -> list[StageReport]:
         mem = s.plan.memory
         out.append(StageReport(i, float(dense + expert), dense / c.tp + expert / (c.tp * c.ep),
                                passes * fwd * tokens / 1e12, mem.params, mem.grads,
-                               mem.optimizer, mem.activations, mem.total))
+                               mem.optimizer, mem.activations, mem.fragmentation, mem.total))
     return out

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from solver.cost.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
+from solver.cost.reserve import usable_bytes
 from solver.spec.domain import Island, ModelSpec, Precision, Pruning
 
 STATE_BYTES_PER_PARAM = WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES
@@ -152,11 +153,13 @@ def memory_cap(model: ModelSpec, island: Island, epsilon: float, embedding: bool
 
     Whatever the configuration, the slice's weights, gradients and Adam state (18 B/param) are
     spread over at most the island's ``N`` GPUs, so one GPU holds at least ``18 · P / N`` bytes;
-    activations only add to it. A length whose bound exceeds ``(1 − ε) · HBM`` cannot fit, and the
-    parallelizer would return nothing for it. (The paper's eq. 4 counts only bf16 weights; the
-    1F1B in-flight activations are checked exactly by the parallelizer for each position.)
+    activations and their fragmentation only add to it. A length whose bound exceeds the usable
+    bytes (:func:`~solver.cost.reserve.usable_bytes`: ``(1 − ε)`` of the device's memory less
+    the runtime's reserves) cannot fit, and the parallelizer would return nothing for it. (The
+    paper's eq. 4 counts only bf16 weights; the 1F1B in-flight activations are checked exactly
+    by the parallelizer for each position.)
     """
-    budget = (1 - epsilon) * island.hbm_gb * 1e9 * island.gpus / STATE_BYTES_PER_PARAM
+    budget = usable_bytes(island, epsilon) * island.gpus / STATE_BYTES_PER_PARAM
     extra = (model.embedding_params if embedding else 0) + (model.head_params if head else 0)
     room = budget - extra
     return max(0, min(model.layers, math.floor(room / model.params_per_layer)))

@@ -21,6 +21,8 @@ class Constraints:
     ----------
     tp, cp, ep, zero : tuple[int, ...] | None
         Allowed degrees / ZeRO stages of every stage.
+    expert_tp : tuple[int, ...] | None
+        Allowed expert tensor-parallel degrees (MoE; the degree in effect, ``tp`` by default).
     recompute : tuple[Recompute, ...] | None
         Allowed recomputation.
     offload : bool | None
@@ -48,6 +50,7 @@ class Constraints:
     cp: tuple[int, ...] | None = None
     ep: tuple[int, ...] | None = None
     zero: tuple[int, ...] | None = None
+    expert_tp: tuple[int, ...] | None = None
     recompute: tuple["Recompute", ...] | None = None
     offload: bool | None = None
     micro_batch: tuple[int, ...] | None = None

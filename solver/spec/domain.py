@@ -63,7 +63,11 @@ class PlannerOptions:
     beta : float
         Balance-rule tolerance (eq. 3), > 1.
     epsilon : float
-        Memory safety margin: plans use at most (1 − ε) of HBM.
+        The user's memory margin: the share of every GPU's memory held back beyond the
+        runtime's own reserves (CUDA context, NCCL buffers; the allocator's fragmentation is
+        counted with the activations), for what the cost model does not count. 0 by default;
+        before the reserves were named, 0.1 stood for all of them
+        (:func:`~solver.cost.reserve.usable_bytes`).
     tau_c, tau_m, tau_b : float
         Island similarity thresholds on compute, HBM capacity and HBM bandwidth (relative).
     t_merge : float
@@ -91,7 +95,7 @@ class PlannerOptions:
 
     features: FeaturePreset = FeaturePreset.FULL
     beta: float = 2.0
-    epsilon: float = 0.1
+    epsilon: float = 0.0
     tau_c: float = 0.2
     tau_m: float = 0.2
     tau_b: float = 0.2

@@ -27,7 +27,8 @@ class GPUSpec:
     bf16_tflops : float
         Dense 16-bit tensor throughput in TFLOP/s (FP16 for GPUs without BF16).
     hbm_gb : float
-        Device memory in GB (10^9 bytes).
+        Device memory as the datasheet states it ("80 GB"): binary gigabytes (GiB) for HBM
+        parts, whose stacks come in powers of two (NVML reports 81,920 MiB for the A100 80GB).
     hbm_bw_gbs : float
         Device memory bandwidth in GB/s.
     nvlink_gbs : float
@@ -78,6 +79,11 @@ class GPUSpec:
         GPUs sharing one NVLink (NVSwitch) domain: 8 on an HGX/DGX board, 2 for NVLink-bridged
         PCIe cards (H100 NVL pairs), 72 in a GB200/GB300 NVL72 rack, 1 without NVLink. TP, CP
         and EP groups get NVLink only inside it (:class:`~solver.cost.efficiency.Links`).
+    memory_mib : float | None
+        Device memory as CUDA reports it (``cudaMemGetInfo``'s total, nvidia-smi's ``Total``),
+        MiB: what a process can allocate from at most. None: ``hbm_gb`` read as GiB
+        (:attr:`device_mib`). Give it where the two differ: GDDR cards with ECC on lose 1/16
+        to it (L40S: 46,068 MiB of "48 GB"), the H100 keeps 361 MiB of its 80 GiB.
     defaults : tuple[str, ...]
         The optional fields its catalog entry omitted, which took their documented defaults
         (:data:`solver.spec.catalog.DEFAULTS`; ``tangram islands`` names them). Bookkeeping:
@@ -111,8 +117,14 @@ class GPUSpec:
     vendor: str = "nvidia"
     nvlink_domain: int = 8
     mxfp8: bool = False
+    memory_mib: float | None = None
     defaults: tuple[str, ...] = field(default=(), compare=False, repr=False)
     catalog_file: str = field(default="", compare=False, repr=False)
+
+    @property
+    def device_mib(self) -> float:
+        """Device memory CUDA can allocate from, MiB: ``memory_mib``, else ``hbm_gb`` GiB."""
+        return self.memory_mib if self.memory_mib is not None else self.hbm_gb * 1024.0
 
     def runs_fp8(self, precision: "Precision") -> bool:
         """The GPU runs ``precision``'s FP8 GEMMs (it has FP8, and MXFP8 where asked)."""
@@ -296,6 +308,11 @@ class Island:
         return min(n.gpu.hbm_gb for n in self.nodes)
 
     @cached_property
+    def device_mib(self) -> float:
+        """Effective device memory CUDA reports per GPU (MiB): the minimum over members."""
+        return min(n.gpu.device_mib for n in self.nodes)
+
+    @cached_property
     def hbm_bw_gbs(self) -> float:
         """Effective HBM bandwidth per GPU."""
         return min(n.gpu.hbm_bw_gbs for n in self.nodes)
@@ -330,7 +347,7 @@ class Island:
     def effective_node(self) -> Node:
         """One node with the island's effective (weakest-member) figures."""
         gpu = replace(self.gpu, bf16_tflops=self.tflops_per_gpu, hbm_gb=self.hbm_gb,
-                      hbm_bw_gbs=self.hbm_bw_gbs,
+                      memory_mib=self.device_mib, hbm_bw_gbs=self.hbm_bw_gbs,
                       nvlink_gbs=min(n.gpu.nvlink_gbs for n in self.nodes),
                       pcie_gbs=self.pcie_gbs, nic_gbits=self.nic_gbits,
                       nvlink_domain=self.nvlink_domain)
@@ -354,4 +371,4 @@ class Island:
         """What a partial plan on this island depends on (cache key part)."""
         return (self.gpu.name, self.gpus, self.gpus_per_node, self.tflops_per_gpu,
                 self.hbm_gb, self.hbm_bw_gbs, self.nvlink_gbs, self.nic_gbits,
-                self.nvlink_domain)
+                self.nvlink_domain, self.device_mib)

@@ -99,6 +99,7 @@ def _gpu(f: Fields, name: str, shipped: bool = False) -> GPUSpec:
         gemm_latency_us=f.get("gemm_latency_us", float, None, lo=0, hi=1e4),
         gemm_in_training=f.get("gemm_in_training", float, None, lo=0, lo_open=True, hi=1.0),
         mxfp8=f.get("mxfp8", bool, False),
+        memory_mib=f.get("memory_mib", float, None, lo=0, lo_open=True, hi=1e8),
         attention=f.get("attention", str, d["attention"], choices=("fa3", "fa2", "unfused")),
         attention_eff=f.get("attention_eff", float, d["attention_eff"], lo=0, lo_open=True,
                             hi=1.0),
@@ -348,6 +349,7 @@ def _constraints(f: Fields) -> Constraints:
     out = Constraints(
         tp=_int_list(f, "tp", 1, 1024), cp=_int_list(f, "cp", 1, 1024),
         ep=_int_list(f, "ep", 1, 4096), zero=_int_list(f, "zero", 0, 3),
+        expert_tp=_int_list(f, "expert_tp", 1, 1024),
         recompute=_enum_list(f, "recompute", Recompute),
         offload=f.get("offload", bool, None),
         micro_batch=_int_list(f, "micro_batch", 1, 10**6),

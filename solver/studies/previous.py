@@ -206,7 +206,8 @@ def _stage_plan(job: JobSpec, island: Island, layers: tuple[int, int], config: S
     subs = substage_latencies(slc, group, job.training.seq_len, cfg, setting, runtime=runtime)[0]
     mem = costs.memory
     breakdown = MemoryBreakdown(*(float(getattr(mem, k)[0]) / 1e9
-                                  for k in ("params", "grads", "optimizer", "activations")))
+                                  for k in ("params", "grads", "optimizer", "activations",
+                                            "fragmentation")))
     plan = PartialPlan(config, float(costs.latency_s[0]), float(costs.fwd.total[0]),
                        float(costs.bwd.total[0]), float(costs.iteration_s[0]),
                        float(mem.total[0]) / 1e9, breakdown, (config.tp, config.cp, config.dp),
@@ -245,9 +246,11 @@ def _stage_config(g: Fields, micro: int) -> StageConfig:
         g.get("recompute_layers", int, lo=1, hi=10**6)
     g.check("recompute_layers", k is None or recompute is Recompute.FULL,
             "recompute_layers needs recompute = \"full\"")
+    # Plans written before expert tensor parallelism have no ``expert_tp``: equal to tp.
+    etp = None if g.data.get("expert_tp") is None else g.get("expert_tp", int, lo=1, hi=10**6)
     return StageConfig(**ints, zero=g.get("zero", int, lo=0, hi=3), recompute=recompute,
                        offload=g.get("offload", bool), micro_batch=micro // ints["dp"],
-                       recompute_layers=k)
+                       recompute_layers=k, expert_tp=None if etp == ints["tp"] else etp)
 
 
 def _stage_nodes(g: Fields, island: Island) -> tuple[Node, ...]:

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from solver.cost.runtime.frameworks import job_runtime
 from solver.cost.efficiency import DEFAULT_CALIBRATION
+from solver.cost.reserve import usable_bytes
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, stage_costs, substage_latencies
 from solver.planner.micro import (
@@ -121,7 +122,7 @@ def _fixed_layout_time(plan: Plan, n: int) -> float | None:
         behind = sum(t.plan.config.pp for t in plan.stages[i + 1:])
         pipe = PipelineSetting(n, min(behind + 1, n))
         costs = stage_costs(slc, s.group, seq, cfg, pipe, runtime=job_runtime(job))
-        if not costs.fits(s.island.hbm_gb, job.planner.epsilon, DEFAULT_CALIBRATION)[0]:
+        if not costs.fits(usable_bytes(s.island, job.planner.epsilon), DEFAULT_CALIBRATION)[0]:
             return None
         subs = substage_latencies(slc, s.group, seq, cfg, pipe, runtime=job_runtime(job))[0]
         taus += list(subs)

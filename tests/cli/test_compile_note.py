@@ -7,6 +7,7 @@ import importlib
 import os
 import sys
 import types
+from pathlib import Path
 
 from solver.spec.loaders import INSTANCES
 
@@ -53,8 +54,26 @@ def test_note_counts_only_this_commands_compilations(tmp_path, monkeypatch, caps
 
 
 def test_the_kernel_modules_are_where_numba_caches():
-    # The note reads the dispatchers' cache directories: the real modules must expose them.
+    # The note reads the dispatchers' cache directories: the real modules must expose them once
+    # the compiled kernels ran (the stage options' filter makes its dispatcher at its first use).
+    from solver.cost import stage_options
+    stage_options._compiled_kernel()
     for name in cli.KERNEL_MODULES:
         mod = importlib.import_module(name)
         paths = {k.stats.cache_path for k in vars(mod).values() if hasattr(k, "stats")}
         assert paths and all(paths), name
+
+
+def test_every_numba_user_is_a_kernel_module():
+    """A module that imports numba at its top is listed, so the note counts its kernels; the
+    fronts that pick a twin (and the rest of the package) import numba only through them."""
+    import ast
+    import solver
+    root = Path(solver.__file__).parent
+    users = set()
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        if any(isinstance(n, ast.ImportFrom) and n.module == "numba" or isinstance(n, ast.Import)
+               and any(a.name == "numba" for a in n.names) for n in tree.body):
+            users.add(".".join(path.relative_to(root.parent).with_suffix("").parts))
+    assert users == set(cli.KERNEL_MODULES) - {"solver.cost.stage_options"}

@@ -17,7 +17,7 @@ EXAMPLES = sorted((INSTANCES / "estimate").glob("*.toml"))
 TOP_KEYS = {"iteration_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "micro_batch", "fits",
             "memory_gb", "breakdown", "communication", "virtual_stages"}
 COMM_KEYS = {"tp", "cp", "ep", "dp", "pp"}
-MEMORY_KEYS = {"params", "grads", "optimizer", "activations", "total"}
+MEMORY_KEYS = {"params", "grads", "optimizer", "activations", "fragmentation", "total"}
 BREAKDOWN_KEYS = {"compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_bubble", "dp_comm",
                   "optimizer", "offload"}
 GOOD = """model = "llama2-13b"

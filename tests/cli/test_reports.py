@@ -77,7 +77,8 @@ def test_explain_adds_up_to_the_model(capsys):
     flops = model_flops_per_token(job.model, job.training.seq_len) * tokens / 1e12
     assert sum(r["tflop_per_micro_batch"] for r in rows) == pytest.approx(flops)  # no recompute
     for r, s in zip(rows, out["stages"]):
-        parts = r["weights_gb"] + r["grads_gb"] + r["optimizer_gb"] + r["activations_gb"]
+        parts = (r["weights_gb"] + r["grads_gb"] + r["optimizer_gb"] + r["activations_gb"]
+                 + r["fragmentation_gb"])
         assert parts == pytest.approx(r["total_gb"]) and r["total_gb"] == pytest.approx(
             s["memory_gb"], rel=1e-5)
     assert main(["plan", str(INSTANCES / "jobs" / "seed-llama3-70b.toml"), "--explain"]) == 0

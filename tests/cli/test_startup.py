@@ -6,6 +6,7 @@ facts about imports, not timings (the timings are in tests/benchmarks/bench_cli.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tomllib
@@ -55,9 +56,25 @@ def test_light_commands_import_only_what_they_use():
 
 def test_plan_imports_no_solver_library_nor_plotting():
     """The default composition is the exact DP: OR-Tools, PuLP and HiGHS are for cross-checks,
-    matplotlib for --plot, rich for a terminal's progress."""
+    matplotlib for --plot, rich for a terminal's progress. The worked example's kernels are
+    small enough for their NumPy twins (:mod:`solver.compose.kernels.kernel_switch`): no numba, whose
+    start-up alone would cost more than all of them."""
     job = str(ROOT / "instances" / "jobs" / "seed-llama3-70b.toml")
-    assert _imports("plan", job) & SOLVERS_AND_PLOTS == set()
+    assert _imports("plan", job) & (SOLVERS_AND_PLOTS | {"numba"}) == set()
+
+
+def test_the_worked_example_plans_the_same_with_numpy_or_compiled_kernels():
+    """``TANGRAM_KERNELS`` fixes the twins; the plan, as JSON with wall times zeroed, is the
+    same byte for byte."""
+    job = str(ROOT / "instances" / "jobs" / "seed-llama3-70b.toml")
+    out = {}
+    for mode in ("numpy", "compiled"):
+        done = subprocess.run([sys.executable, "-m", "solver", "plan", job, "--json",
+                               "--stable-json"], capture_output=True, text=True, cwd=ROOT,
+                              timeout=300, env={**os.environ, "TANGRAM_KERNELS": mode})
+        assert done.returncode == 0, done.stderr
+        out[mode] = done.stdout
+    assert out["numpy"] == out["compiled"] and json.loads(out["numpy"])["stages"]
 
 
 def test_version_is_the_package_version(capsys):

@@ -15,7 +15,7 @@ from typing import Protocol, Sequence
 import numpy as np
 from hypothesis import strategies as st
 
-from solver.compose.group_brute import compose_groups_brute
+from solver.compose.groups.group_brute import compose_groups_brute
 from solver.compose.stage_table import (UNLIMITED, GroupRestrictions, IslandSlots, Options,
                                         StageTable)
 from solver.compose.table import Budget, Position

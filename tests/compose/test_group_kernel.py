@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solver.compose.group_bounds import cover_costs, cover_costs_linear
-from solver.compose.group_kernel import drop_dominated, prune_rows
+from solver.compose.groups.group_bounds import cover_costs, cover_costs_linear
+from solver.compose.kernels.group_kernel import drop_dominated, prune_rows
 
 INF = np.inf
 

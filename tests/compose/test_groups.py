@@ -18,11 +18,11 @@ from formulations.assignment_milp import MilpBackend
 from formulations.groups_cpsat import solve_groups_cpsat
 from formulations.groups_milp import solve_groups_milp
 from solver.compose.dp import compose_dp
-from solver.compose.group_brute import compose_groups_brute
-from solver.compose.group_bounds import (IterationLevels, LeastStages, least_stages,
+from solver.compose.groups.group_brute import compose_groups_brute
+from solver.compose.groups.group_bounds import (IterationLevels, LeastStages, least_stages,
                                          might_beat_with_iterations)
-from solver.compose.group_dp import beats, compose_groups_dp
-from solver.compose.group_pass import _Prep
+from solver.compose.groups.group_dp import beats, compose_groups_dp
+from solver.compose.groups.group_pass import _Prep
 from solver.compose.stage_table import (UNLIMITED, GroupStage, IslandSlots, Options, StageTable,
                                         group_objective, group_problems,
                                         stage_table_from_latency)

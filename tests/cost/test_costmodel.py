@@ -311,20 +311,22 @@ def _capacity_cases(catalog):
 
 def test_in_flight_capacity_equals_the_most_that_fits(catalog):
     """The two-evaluation shortcut (memory affine in the in-flight count) equals the largest
-    ``h`` for which the stage, priced at ``h`` micro-batches in flight, fits HBM and the host
-    budget — found here by pricing every ``h``."""
+    ``h`` for which the stage, priced at ``h`` micro-batches in flight, fits the usable bytes and
+    the host budget — found here by pricing every ``h``."""
+    from solver.cost.reserve import usable_bytes
     from solver.cost.stage_costs import in_flight_capacity
     n, eps, seen = 12, 0.1, set()
     for slc, island, configs, runtime in _capacity_cases(catalog):
         cfg = ConfigArrays.of(configs)
         one = stage_costs(slc, island, 4096, cfg, PipelineSetting(n, 1), runtime=runtime)
-        got = in_flight_capacity(slc, island, 4096, cfg, one, n, eps, runtime=runtime)
+        cap = usable_bytes(island, eps)
+        got = in_flight_capacity(slc, island, 4096, cfg, one, n, cap, runtime=runtime)
         for i in range(len(configs)):
             most = 0
             for h in range(1, n + 1):
                 c = stage_costs(slc, island, 4096, cfg.take(np.array([i])),
                                 PipelineSetting(n, h), runtime=runtime)
-                if c.fits(island.hbm_gb, eps, CALIB)[0]:
+                if c.fits(cap, CALIB)[0]:
                     most = h
             assert got[i] == most, (slc.model.name, configs[i])
             seen.add(min(most, 2) if most < n else n)
@@ -342,17 +344,16 @@ def _exactly(total: float) -> float:
 
 
 def test_fits_is_inclusive_at_both_limits(a100):
-    """``(1 − ε)·HBM`` and the host budget are allowed exactly, not a byte more."""
+    """The usable bytes and the host budget are allowed exactly, not a byte more."""
     slc = ModelSlice(LLAMA2_13B, 2, False, False)
     c = costs_of(slc, a100, [StageConfig(tp=8, offload=True)], pipe=PipelineSetting(4, 4))
     total, host = float(c.memory.total[0]), float(c.host_bytes[0])
     assert host > 0
-    hbm, budget = _exactly(total), _exactly(host)
+    budget = _exactly(host)
     at = dataclasses.replace(CALIB, host_offload_gb=budget)
-    assert c.fits(hbm, 0.0, at)[0]                                  # both met exactly
-    assert not c.fits(hbm * (1 - 1e-10), 0.0, at)[0]                # HBM a little short
-    assert not c.fits(hbm, 0.0, dataclasses.replace(at, host_offload_gb=budget * (1 - 1e-10)))[0]
-    assert c.fits(hbm / 0.9 * (1 + 1e-12), 0.1, at)[0]              # ε takes its share
+    assert c.fits(total, at)[0]                                     # both met exactly
+    assert not c.fits(total * (1 - 1e-10), at)[0]                   # the device a little short
+    assert not c.fits(total, dataclasses.replace(at, host_offload_gb=budget * (1 - 1e-10)))[0]
 
 
 def test_all_to_all_with_a_stride_that_does_not_divide_the_node_by_hand():

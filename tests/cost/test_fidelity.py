@@ -96,10 +96,19 @@ def test_every_row_but_mla_evaluated_and_fits(summary):
 
 
 def test_summary_does_not_get_worse(summary):
-    """Pinned at the figures reached (median 8.6 %, 27 of 39 rows within ±15 %), with a small
-    slack: a change that worsens the model on the published runs fails here."""
-    assert summary.median_abs_error <= 0.086 + 0.005
-    assert summary.within_15 >= 27 / 39 - 1e-9
+    """Pinned at the figures reached (median 7.0 %, 30 of 39 rows within ±15 %, worst row
+    42.5 %: DeepSpeed ZeRO-3 of 2021 on 2,240 GPUs), evaluated at the planner's default memory
+    margin (ε = 0 beside the named runtime reserves), with a small slack: a change that
+    worsens the model on the published runs fails here."""
+    assert summary.median_abs_error <= 0.070 + 0.005
+    assert summary.within_15 >= 30 / 39 - 1e-9
+    assert summary.worst_abs_error <= 0.425 + 0.01
+
+
+def test_row_text_fixes_2021_zero3():
+    """SC'21's DeepSpeed (before v0.5.6, PR #1188) ran ZeRO-3 gathers that hid nothing."""
+    assert calibration_of(ROWS["sc21-zero3-96L-384"]).zero3_prefetch is False
+    assert calibration_of(ROWS["bridge-gb200-llama3-70b-fp8"]).zero3_prefetch is True
 
 
 def test_cli_json(tmp_path, capsys):

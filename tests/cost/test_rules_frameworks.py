@@ -4,6 +4,7 @@ space (:func:`solver.cost.configs.enumerate_configs`)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from solver.cost.configs import FeatureSet, enumerate_configs
@@ -109,8 +110,13 @@ def test_search_space_reads_the_rules():
     # EP: every row on the expert grid; none in FP16.
     cfg = _configs(MOE, 4, Framework.FLAGSCALE)
     assert set(cfg.ep) > {1}
-    assert all(e in expert_parallel_sizes(FS, 8, t, c, d)
-               for e, t, c, d in zip(cfg.ep, cfg.tp, cfg.cp, cfg.dp))
+    etp = np.where(cfg.expert_tp > 0, cfg.expert_tp, cfg.tp)
+    assert all(e in expert_parallel_sizes(FS, 8, t, c, d, expert_tp=x)
+               for e, t, c, d, x in zip(cfg.ep, cfg.tp, cfg.cp, cfg.dp, etp))
+    # Expert-TP below TP lets EP exceed cp·dp (Megatron-Core's expert grid); every expert-TP
+    # searched divides TP.
+    assert any(e > c * d for e, c, d in zip(cfg.ep, cfg.cp, cfg.dp))
+    assert all(t % x == 0 for t, x in zip(cfg.tp, etp)) and set(etp) > {1}
     assert set(_configs(MOE, 4, Framework.FLAGSCALE, Precision.FP16).ep) == {1}
 
 
@@ -118,9 +124,7 @@ def test_search_space_reads_the_rules():
 def test_every_enumerated_row_passes_violations(framework):
     for model, length in ((GQA4, 8), (GQA4, 3), (MOE, 8), (MOE, 5)):
         cfg = _configs(model, length, framework)
-        rows = [StageConfig(tp=int(cfg.tp[i]), cp=int(cfg.cp[i]), ep=int(cfg.ep[i]),
-                            pp=int(cfg.pp[i]), dp=int(cfg.dp[i]), zero=int(cfg.zero[i]))
-                for i in range(len(cfg))]
+        rows = cfg.configs(list(range(len(cfg))))  # expert_tp included
         meshes = 1 if length == model.layers else 2
         for r in rows:
             assert not [v for v in violations([r] * meshes, profile(framework), True,

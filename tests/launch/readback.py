@@ -24,7 +24,7 @@ from solver.compose.table import Position
 from solver.spec.domain import Island, Recompute
 
 #: One pipeline stage as a runtime sees it: (layers, tp, cp, ep, dp, micro-batch, recompute,
-#: recomputed layers by the block method or None).
+#: recomputed layers by the block method or None, expert-TP in effect).
 Row = tuple
 
 
@@ -36,7 +36,7 @@ def plan_truth(plan: Plan) -> dict:
         k = c.recompute_layers if c.recompute is Recompute.FULL else None
         for layers in substage_layers(s.end - s.start, c.pp):
             rows.append((int(layers), c.tp, c.cp, c.ep, c.dp, c.micro_batch, c.recompute.value,
-                         k))
+                         k, c.etp))
     return {"stages": rows, "v": plan.virtual_stages, "n_micro": plan.n_micro,
             "global_batch": plan.job.training.global_batch}
 
@@ -107,7 +107,8 @@ def megatron_read(text: str) -> dict:
         rc, k = "full", i("recompute_num_layers") * v
     else:
         rc, k = gran or "none", None
-    rows = [(n, tp, cp, ep, dp, mbs, rc, k) for n in split]
+    etp = i("expert_tensor_parallel_size", tp)  # argparse default None: tp (validate_args)
+    rows = [(n, tp, cp, ep, dp, mbs, rc, k, etp) for n in split]
     return {"stages": rows, "v": v, "n_micro": gb // (mbs * dp), "global_batch": gb}
 
 
@@ -115,8 +116,8 @@ def flagscale_read(doc: dict, hostfile: str) -> dict:
     """What a FlagScale config runs, in :func:`plan_truth`'s form."""
     from solver.launch.flagscale_read import read_back
     rb = read_back(doc, hostfile)
-    rows = [(s.layers, s.tp, s.cp, s.ep, s.dp, s.micro_batch, s.recompute, s.recompute_layers)
-            for s in rb.stages]
+    rows = [(s.layers, s.tp, s.cp, s.ep, s.dp, s.micro_batch, s.recompute, s.recompute_layers,
+             s.expert_tp or s.tp) for s in rb.stages]
     return {"stages": rows, "v": rb.virtual_stages, "n_micro": rb.n_micro,
             "global_batch": rb.global_batch}
 

@@ -160,3 +160,21 @@ def test_every_shipped_job_exports_or_says_why():
             assert any(a.startswith("--tensor-model-parallel-size") for a in args)
         except NotExpressible as exc:
             assert "\n" not in str(exc) and str(exc)
+
+
+def test_export_of_replicas_refuses_with_the_plans_own_verdict(seed, tmp_path, capsys):
+    # A plan JSON of two replicas (``[planner] replicas = true``): no runtime export; the line
+    # carries the verdict the replica search wrote (``runtime.why``), not a generic one.
+    job, plan = seed
+    assert main(["plan", str(SEED), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    payload["replicas"] = [{"share": 24}, {"share": 8}]
+    payload["runtime"] = {"runs_on": [], "why": "no supported runtime trains replicas of "
+                                                "different layouts as one job"}
+    path = tmp_path / "replicas.json"
+    path.write_text(json.dumps(payload))
+    assert main(["export", str(path), "--to", "flagscale", "--job", str(SEED)]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("cannot export to flagscale: ")
+    assert "2 pipeline replicas with batch shares [24, 8]" in err
+    assert "replicas of different layouts as one job" in err

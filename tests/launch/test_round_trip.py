@@ -56,10 +56,17 @@ def _recompute(rng: random.Random, fewest: int, v: int = 1) -> dict:
                           "full": Recompute.FULL}[kind]}
 
 
+def _expert_grid(rng: random.Random, tp: int, cp: int, dp: int) -> dict:
+    """An MoE stage's expert-TP (a divisor of tp) and EP on Megatron-Core's expert grid."""
+    etp = rng.choice([d for d in (1, 2, 4, 8) if tp % d == 0])
+    ep = rng.choice([e for e in (1, 2, 4, 8) if (tp * cp * dp // etp) % e == 0])
+    return {"ep": ep, "expert_tp": None if etp == tp else etp}
+
+
 def _layout(rng: random.Random, moe: bool) -> dict:
     tp, cp, dp = rng.choice([1, 2, 4, 8]), rng.choice([1, 1, 2]), rng.choice([1, 2, 4])
-    ep = rng.choice([e for e in (1, 2, 4) if (dp * cp) % e == 0]) if moe else 1
-    return {"tp": tp, "cp": cp, "dp": dp, "ep": ep}
+    grid = _expert_grid(rng, tp, cp, dp) if moe else {"ep": 1}
+    return {"tp": tp, "cp": cp, "dp": dp, **grid}
 
 
 def random_one_layout_plan(seed: int, base):
@@ -129,11 +136,11 @@ def random_hetero_plan(seed: int, base):
     for i, layers_i in enumerate(split):
         dp = rng.choice([1, 2, 4, 8])
         tp = rng.choice([1, 2, 4, 8])
-        ep = rng.choice([e for e in (1, 2, 4) if dp % e == 0]) if moe else 1
+        grid = _expert_grid(rng, tp, 1, dp) if moe else {"ep": 1}
         rc = rng.choice([{}, {"recompute": Recompute.FULL},
                          {"recompute": Recompute.FULL,
                           "recompute_layers": rng.randint(1, layers_i)}])
-        c = StageConfig(tp=tp, dp=dp, ep=ep, micro_batch=micro // dp, **rc)
+        c = StageConfig(tp=tp, dp=dp, **grid, micro_batch=micro // dp, **rc)
         per_node = min(8, c.gpus)
         spec.append((island(f"s{i}", kinds[rng.randint(0, 1)], 1, per_node)
                      if c.gpus <= 8 else island(f"s{i}", kinds[i % 2], c.gpus // 8), layers_i, c))
@@ -170,6 +177,10 @@ def test_the_random_draws_cover_what_they_claim(base):
     assert any("--expert-model-parallel-size 2" in t or "--expert-model-parallel-size 4" in t
                for t in texts)
     assert any(p.job.model.layers % 2 for p in plans)
+    # Expert-TP below TP with EP beyond cp·dp (the expert grid), in both exports.
+    assert any("--expert-tensor-parallel-size 1" in t and "--tensor-model-parallel-size 1" not in t
+               for t in texts)
     hetero = [flagscale_yaml(random_hetero_plan(s, base)) for s in SEEDS]
     assert any("recompute_method_per_stage_micro_batch" in t for t in hetero)
     assert any("A100-SXM-80GB-2" in t or "H100-SXM-80GB-2" in t for t in hetero)
+    assert any("expert_tensor_parallel_size_per_process_mesh" in t for t in hetero)

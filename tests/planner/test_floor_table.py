@@ -13,7 +13,7 @@ from conftest import INSTANCES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solver.compose.group_dp import compose_groups_dp
+from solver.compose.groups.group_dp import compose_groups_dp
 from solver.cost.parallelizer import AnalyticParallelizer
 from solver.planner.stages import search as search_module
 from solver.planner.stages.candidates import TableSpec, build_stage_table

@@ -194,7 +194,11 @@ def test_one_mesh_floor_is_below_the_plain_floor_it_stands_for(data):
     nodes = data.draw(st.integers(1, min(4, len(island.nodes))))
     n = data.draw(st.sampled_from([2, 4, 6, 8, 16, 32]))
     per_micro = data.draw(st.sampled_from([1, 2, 4, 8, 16]))
-    job = replace(job, training=replace(job.training, global_batch=n * per_micro))
+    # The non-vacuity bar below was set under the old flat memory cap; a 12.5 % margin keeps
+    # memory as tight. At ε = 0 Qwen3-235B first fits on 4 H200 nodes, only with recomputation,
+    # which the floor leaves out: 116 of 4,200 grid points fall below the bar (all below plain).
+    job = replace(job, training=replace(job.training, global_batch=n * per_micro),
+                  planner=replace(job.planner, epsilon=0.125))
     deepest = data.draw(st.sampled_from([2, 4, 8, job.model.layers // 2]))
     par, group = AnalyticParallelizer(job.planner.features), group_island(island, nodes)
     context = _context(job, job.planner.features, n, 1, nodes, island, deepest)

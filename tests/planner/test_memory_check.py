@@ -20,10 +20,14 @@ def _random_case(rng):
     tp = int(rng.choice([1, 2, 4]))
     dp = int(rng.choice([1, 2, 4, 8]))
     cp = int(rng.choice([1, 2]))
-    ep = int(rng.choice([e for e in (1, 2, 4, 8) if (dp * cp) % e == 0])) if m.is_moe else 1
+    # MoE: any expert-TP dividing tp, EP on the expert grid (tp·cp·dp / expert-TP).
+    etp = int(rng.choice([d for d in (1, 2, 4) if tp % d == 0])) if m.is_moe else tp
+    ep = int(rng.choice([e for e in (1, 2, 4, 8, 16) if (tp * cp * dp // etp) % e == 0
+                         and m.experts % e == 0])) if m.is_moe else 1
     c = StageConfig(tp=tp, cp=cp, ep=ep, dp=dp, zero=int(rng.integers(4)),
                     recompute=list(Recompute)[int(rng.integers(3))],
-                    offload=bool(rng.integers(2)), micro_batch=int(rng.integers(1, 4)))
+                    offload=bool(rng.integers(2)), micro_batch=int(rng.integers(1, 4)),
+                    expert_tp=None if etp == tp else etp)
     layers = int(rng.integers(1, m.layers + 1))
     return m, c, layers, bool(rng.integers(2)), bool(rng.integers(2)), float(rng.integers(1, 9))
 
@@ -102,3 +106,29 @@ def test_independent_count_equals_the_model_on_shipped_plans(name):
     got = plan_memory_gb(plan, DEFAULT_CALIBRATION.moe_capacity_factor,
                          [_flash(s, job) for s in plan.stages])
     assert got == pytest.approx([s.plan.memory_gb for s in plan.stages], rel=1e-9)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.05, 0.1, 0.3])
+def test_independent_cap_equals_the_model_cap(catalog, epsilon):
+    """The validator re-derives the usable bytes (device memory as CUDA reports it, less the
+    CUDA context and NCCL's buffers, less the user's margin) apart from
+    :mod:`solver.cost.reserve`; the two agree on every catalog GPU and on a mixed island."""
+    from solver.cost.reserve import usable_bytes
+    from solver.planner.check.memory_check import usable_gb
+    from solver.spec.domain import Island
+    islands = [Island.homogeneous(name, gpu, 8) for name, gpu in sorted(catalog.items())]
+    islands.append(Island("mixed", islands[0].nodes + islands[-1].nodes))
+    for isl in islands:
+        assert usable_gb(isl, epsilon) == pytest.approx(usable_bytes(isl, epsilon) / 1e9,
+                                                        rel=1e-12), isl.name
+
+
+def test_independent_cap_by_hand(catalog):
+    """H100 80GB: 81,559 MiB = 85,520,809,984 B less 1 GiB and 3 x 588 MiB of NCCL rings
+    (2,923,429,888 B) is 82,597,380,096 B; with ε = 0.1, 0.9 x 85,520,809,984 - 2,923,429,888
+    = 76,968,728,985.6 - 2,923,429,888 = 74,045,299,097.6 B."""
+    from solver.planner.check.memory_check import usable_gb
+    from solver.spec.domain import Island
+    h100 = Island.homogeneous("h", catalog["H100-SXM-80GB"], 8)
+    assert usable_gb(h100, 0.0) == pytest.approx(82.597380096, abs=1e-12)
+    assert usable_gb(h100, 0.1) == pytest.approx(74.0452990976, abs=1e-9)

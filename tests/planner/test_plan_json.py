@@ -18,7 +18,7 @@ from tests.planner.test_replicas import _write
 TOP = {"pipeline_s", "per_iteration_s", "objective", "islands", "stages", "solver", "view",
        "framework", "schedule", "virtual_stages", "idle_nodes", "warnings"}
 STAGE = {"island", "gpu", "gpus", "nodes", "layers", "tp", "cp", "ep", "pp", "dp", "zero",
-         "recompute", "recompute_layers", "offload", "micro_batch", "virtual_stages",
+         "recompute", "recompute_layers", "expert_tp", "offload", "micro_batch", "virtual_stages",
          "precision", "latency_s", "memory_gb"}
 
 
@@ -58,6 +58,8 @@ def test_single_pipeline_json_traces_to_the_plan(plan):
             "nodes": s.node_ids, "layers": [s.start, s.end], "tp": c.tp, "cp": c.cp, "ep": c.ep,
             "pp": c.pp, "dp": c.dp, "zero": c.zero, "recompute": c.recompute.value,
             "recompute_layers": c.recompute_layers, "offload": c.offload,
+            # None in the configuration: expert-TP equal to TP, which the JSON states.
+            "expert_tp": c.tp if c.expert_tp is None else c.expert_tp,
             "micro_batch": c.micro_batch, "virtual_stages": plan.virtual_stages,
             "precision": s.island.gpu.runs_in(plan.job.training.precision),
             "latency_s": _r(s.plan.latency_s), "memory_gb": _r(s.plan.memory_gb)}

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import solver.compose.group_pass as group_pass
+import solver.compose.groups.group_pass as group_pass
 import solver.compose.stage_table as stage_table
 from solver.cli.main import main
 from solver.cost.parallelizer import (

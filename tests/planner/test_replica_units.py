@@ -398,9 +398,10 @@ def test_holds_model_boundary_by_hand(job):
     from dataclasses import replace
     a100 = (job_islands(job).islands[2],)
     m = job.model
-    # 8 x 80 GB at (1 - 0.1): 576 GB for 18 B/param -> 32e9 parameters.
+    # 8 x (81,920 MiB - 2,923,429,888 B of CUDA context and NCCL buffers) at ε = 0:
+    # 8 x 82,975,916,032 = 663,807,328,256 B for 18 B/param -> 36.88e9 parameters.
     fixed = m.total_params - m.layers * m.params_per_layer
-    most = int((576e9 / 18 - fixed) // m.params_per_layer)
+    most = int((663_807_328_256 / 18 - fixed) // m.params_per_layer)
     assert holds_model(replace(job, model=replace(m, layers=most)), a100)
     assert not holds_model(replace(job, model=replace(m, layers=most + 1)), a100)
 

@@ -46,12 +46,15 @@ def _pick(rng, values):
 
 
 def _random_config(rng, m: ModelSpec) -> StageConfig:
-    dp, cp = _pick(rng, [1, 2, 4, 8]), _pick(rng, [1, 2, 4])
-    ep = _pick(rng, [e for e in (1, 2, 4, 8) if (dp * cp) % e == 0 and m.experts % e == 0]) \
-        if m.is_moe else 1
-    return StageConfig(tp=_pick(rng, [1, 2, 4, 8]), cp=cp, ep=ep, pp=_pick(rng, [1, 1, 2, 3, 4, 5]),
+    dp, cp, tp = _pick(rng, [1, 2, 4, 8]), _pick(rng, [1, 2, 4]), _pick(rng, [1, 2, 4, 8])
+    # MoE: any expert-TP dividing tp, EP on the expert grid (tp·cp·dp / expert-TP).
+    etp = _pick(rng, [d for d in (1, 2, 4, 8) if tp % d == 0]) if m.is_moe else tp
+    ep = _pick(rng, [e for e in (1, 2, 4, 8, 16) if (tp * cp * dp // etp) % e == 0
+                     and m.experts % e == 0]) if m.is_moe else 1
+    return StageConfig(tp=tp, cp=cp, ep=ep, pp=_pick(rng, [1, 1, 2, 3, 4, 5]),
                        dp=dp, zero=int(rng.integers(4)), recompute=_pick(rng, list(Recompute)),
-                       offload=bool(rng.integers(2)), micro_batch=int(rng.integers(1, 5)))
+                       offload=bool(rng.integers(2)), micro_batch=int(rng.integers(1, 5)),
+                       expert_tp=None if etp == tp else etp)
 
 
 def _random_case(rng, islands):

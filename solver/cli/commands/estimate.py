@@ -9,6 +9,7 @@ from solver.cli.report import emit_json
 from solver.cost.efficiency import DEFAULT_CALIBRATION
 from solver.cost.estimating.estimate import Estimate, EstimateSetup, estimate
 from solver.cost.estimating.estimate_config import load_estimate_setup
+from solver.cost.reserve import device_bytes, usable_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,7 +40,7 @@ def _lines(setup: EstimateSetup, e: Estimate) -> list[str]:
     sched += (f" (v={e.virtual_stages})" if e.virtual_stages > 1 else "")
     sched += " (v chosen: fastest that fits)" if setup.auto_virtual_stages else ""
     gemm = isl.gpu.runs_in(setup.precision)
-    limit = (1 - setup.epsilon) * isl.hbm_gb
+    limit = usable_bytes(isl, setup.epsilon) / 1e9
     m = e.memory
     lines = [
         f"model {setup.model.name} on {isl.gpus} x {isl.gpu.name} "
@@ -54,8 +55,10 @@ def _lines(setup: EstimateSetup, e: Estimate) -> list[str]:
         f"{e.tflops_per_gpu:.1f} TFLOP/s per GPU (MFU {e.mfu:.1%})",
         f"memory per GPU (most loaded): params {m.params:.1f} GB, grads {m.grads:.1f} GB, "
         f"optimizer {m.optimizer:.1f} GB, activations {m.activations:.1f} GB, "
-        f"total {m.total:.1f} GB "
-        + (f"(fits in {limit:.1f} GB)" if e.fits else f"(DOES NOT FIT in {limit:.1f} GB)"),
+        f"allocator fragmentation {m.fragmentation:.1f} GB, total {m.total:.1f} GB "
+        + (f"(fits in {limit:.1f} GB usable)" if e.fits
+           else f"(DOES NOT FIT in {limit:.1f} GB usable)")
+        + f" of {device_bytes(isl) / 1e9:.1f} GB on the device",
         "time per iteration by cause:",
     ]
     for name, seconds in dataclasses.asdict(e.breakdown).items():

@@ -43,7 +43,10 @@ def run(args: argparse.Namespace) -> int:
     replicas = payload.get("replicas") if isinstance(payload, dict) else None
     if isinstance(replicas, list) and len(replicas) > 1:
         shares = [r.get("share") for r in replicas if isinstance(r, dict)]
-        print(f"cannot export to {args.to}: {not_exportable(shares)}", file=sys.stderr)
+        # The plan's own verdict (``runtime.why``, written by the replica search) when present.
+        verdict = payload.get("runtime") if isinstance(payload.get("runtime"), dict) else {}
+        why = verdict.get("why") if isinstance(verdict.get("why"), str) else ""
+        print(f"cannot export to {args.to}: {not_exportable(shares, why)}", file=sys.stderr)
         return 3
     plan = previous_plan(payload, job, args.plan)
     return emit(plan, args.to, args.output)

@@ -188,7 +188,8 @@ def render_explain(reports: list) -> str:
         "TFLOP/micro-batch": f"{r.tflop_per_micro_batch:.1f}",
         "weights GB": f"{r.weights_gb:.2f}", "grads GB": f"{r.grads_gb:.2f}",
         "optimizer GB": f"{r.optimizer_gb:.2f}", "activations GB": f"{r.activations_gb:.2f}",
-        "total GB": f"{r.total_gb:.2f}"} for r in reports])
+        "fragmentation GB": f"{r.fragmentation_gb:.2f}", "total GB": f"{r.total_gb:.2f}"}
+        for r in reports])
 
 
 def render_plan(plan: Plan) -> str:

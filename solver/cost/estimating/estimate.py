@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
+from solver.cost.reserve import usable_bytes
 from solver.cost.stage import ConfigArrays, ModelSlice, StageConfig
 from solver.cost.stage_costs import (
     PipelineSetting,
@@ -50,8 +51,10 @@ class EstimateSetup:
     virtual_stages : int
         Model chunks per GPU for the interleaved schedule (1 otherwise).
     epsilon : float
-        Memory margin: a configuration fits when it uses at most ``(1 - epsilon)`` of HBM (and
-        its offloaded activations fit the host budget of the calibration).
+        The user's memory margin: a configuration fits when its count is within the usable bytes,
+        ``(1 - epsilon)`` of the device's memory less the runtime's reserves
+        (:func:`~solver.cost.reserve.usable_bytes`; default 0), and its offloaded activations
+        fit the host budget of the calibration.
     framework : Framework
         Training runtime (what overlaps; default Megatron-Core).
     precision : Precision
@@ -70,7 +73,7 @@ class EstimateSetup:
     auto_micro_batch: bool = False
     schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual_stages: int = 1
-    epsilon: float = 0.1
+    epsilon: float = 0.0
     framework: Framework = Framework.MEGATRON_CORE
     precision: Precision = Precision.BF16
     auto_virtual_stages: bool = False
@@ -148,14 +151,16 @@ class MemoryReport:
 
     Attributes
     ----------
-    params, grads, optimizer, activations, total : float
-        Weights, gradients, optimizer states, activations and their sum.
+    params, grads, optimizer, activations, fragmentation, total : float
+        Weights, gradients, optimizer states, activations, the allocator's fragmentation of
+        them (:data:`~solver.cost.reserve.FRAGMENTATION`) and their sum.
     """
 
     params: float
     grads: float
     optimizer: float
     activations: float
+    fragmentation: float
     total: float
 
 
@@ -176,7 +181,7 @@ class Estimate:
     mfu : float
         ``tflops_per_gpu`` over the GPU's peak.
     fits : bool
-        Peak memory within ``(1 - epsilon)`` of HBM.
+        Peak memory within the usable bytes (:func:`~solver.cost.reserve.usable_bytes`).
     memory : MemoryReport
         Memory of the most loaded GPU.
     breakdown : Breakdown
@@ -272,7 +277,7 @@ def estimate(setup: EstimateSetup, calib: Calibration = DEFAULT_CALIBRATION) -> 
         return min(tries, key=lambda e: (not e.fits, e.iteration_time_s, e.memory.total))
     cfg, costs, n_micro, time = _evaluate(setup, calib)
     total = costs.memory.total
-    fits = costs.fits(setup.island.hbm_gb, setup.epsilon, calib) & np.isfinite(time)
+    fits = costs.fits(usable_bytes(setup.island, setup.epsilon), calib) & np.isfinite(time)
     i = int(np.argmin(np.where(fits, time, np.inf))) if fits.any() else int(np.argmin(total))
     _, raw, _, _ = _evaluate(setup, calib, overlap=False)
     comm = _communication(setup, costs, raw, i, int(n_micro[i]))
@@ -302,7 +307,8 @@ def _report(setup: EstimateSetup, config: StageConfig, costs: StageCosts, i: int
     tflops = model_flops_per_token(setup.model, setup.seq_len) * tokens / time / gpus / 1e12
     mem = costs.memory
     memory = MemoryReport(*(float(getattr(mem, k)[i]) / 1e9
-                            for k in ("params", "grads", "optimizer", "activations", "total")))
+                            for k in ("params", "grads", "optimizer", "activations",
+                                      "fragmentation", "total")))
     f, b = costs.fwd, costs.bwd
 
     def per_iter(name: str) -> float:

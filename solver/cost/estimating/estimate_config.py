@@ -7,7 +7,8 @@ Format (TOML)::
     gpus = 64
     gpus_per_node = 8             # optional (8)
     nic_gbits = 400               # optional (the catalog's value)
-    epsilon = 0.1                 # optional memory margin (0.1)
+    epsilon = 0.0                 # optional: share of device memory held back beyond the
+                                  #   runtime's reserves (0.0)
     framework = "megatron-core"   # optional: flagscale | megatron-core | megatron-2021 |
                                   #   deepspeed | fsdp (what runs and what overlaps)
     description = "..."           # optional
@@ -22,7 +23,8 @@ Format (TOML)::
     pp = 4
     dp = 2
     cp = 1                        # optional (1)
-    ep = 1                        # optional (1)
+    ep = 1                        # optional (1); with expert_tp, up to tp*cp*dp/expert_tp
+    # expert_tp = 1               # optional (tp), MoE only: expert tensor parallelism
     zero = 1                      # optional (0)
     recompute = "none"            # none | selective | full
     offload = false
@@ -62,7 +64,7 @@ def load_estimate_setup(path: Path | str, catalog: dict[str, GPUSpec] | None = N
     f.get("description", str, "")
     model = load_model_ref(f.get("model", object), str(path), "model", path.parent)
     island = _island(f, catalog)
-    epsilon = f.get("epsilon", float, 0.1, lo=0.0, hi=0.9)
+    epsilon = f.get("epsilon", float, EstimateSetup.epsilon, lo=0.0, hi=0.9)
     framework = f.get_enum("framework", Framework, Framework.MEGATRON_CORE)
     tf = f.sub("training", required=True)
     global_batch = tf.get("global_batch", int, lo=1, hi=10**7)
@@ -111,7 +113,8 @@ def _parallel(f: Fields, model: ModelSpec, island: Island, global_batch: int, se
         ep=f.get("ep", int, 1, lo=1, hi=MAX_GPUS), zero=f.get("zero", int, 0, lo=0, hi=3),
         recompute=f.get_enum("recompute", Recompute, Recompute.NONE),
         offload=f.get("offload", bool, False),
-        micro_batch=f.get("micro_batch", int, 1, lo=1, hi=10**7))
+        micro_batch=f.get("micro_batch", int, 1, lo=1, hi=10**7),
+        expert_tp=f.get("expert_tp", int, None, lo=1, hi=MAX_GPUS))
     _check_total(f, cfg, island.gpus)
     auto = not f.has("micro_batch")
     schedule = f.get_enum("schedule", Schedule, Schedule.ONE_F_ONE_B)
@@ -153,9 +156,15 @@ def _check_shapes(f: Fields, m: ModelSpec, cfg: StageConfig, seq_len: int) -> No
     f.check("cp", seq_len % cfg.cp == 0, f"cp {cfg.cp} must divide seq_len {seq_len}")
     if not m.is_moe:
         f.check("ep", cfg.ep == 1, "ep > 1 needs an MoE model")
+        f.check("expert_tp", cfg.expert_tp is None, "expert_tp needs an MoE model")
         return
-    f.check("ep", m.experts % cfg.ep == 0 and (cfg.dp * cfg.cp) % cfg.ep == 0,
-            f"ep {cfg.ep} must divide the experts ({m.experts}) and dp * cp ({cfg.dp * cfg.cp})")
+    span = cfg.tp * cfg.cp * cfg.dp
+    f.check("expert_tp", span % cfg.etp == 0 and m.expert_ffn % cfg.etp == 0,
+            f"expert_tp {cfg.etp} must divide tp * cp * dp ({span}) and the expert width "
+            f"({m.expert_ffn})")
+    f.check("ep", m.experts % cfg.ep == 0 and (span // cfg.etp) % cfg.ep == 0,
+            f"ep {cfg.ep} must divide the experts ({m.experts}) and tp * cp * dp / expert_tp "
+            f"({span} / {cfg.etp}; Megatron-Core's expert grid)")
 
 
 def _check_batch(f: Fields, cfg: StageConfig, global_batch: int, auto: bool) -> None:

@@ -11,6 +11,7 @@ import sys
 
 from solver.cost.fidelity.evaluate import RowResult, Summary, evaluate_row, summarize
 from solver.cost.fidelity.rows import DEV_SET, load_rows
+from solver.spec.domain import PlannerOptions
 from solver.spec.errors import InputError
 from solver.spec.loaders import load_catalog
 
@@ -44,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
                                  description="cost model against published measured runs")
     ap.add_argument("--json", action="store_true", help="one JSON object: rows and summary")
     ap.add_argument("--csv", default=str(DEV_SET), help="rows in the development-set format")
-    ap.add_argument("--epsilon", type=float, default=0.1,
-                    help="memory margin, as tangram estimate's (default 0.1)")
+    ap.add_argument("--epsilon", type=float, default=PlannerOptions().epsilon,
+                    help="memory held back beyond the runtime's named reserves, as the "
+                         "planner's [planner] epsilon (default: its default)")
     args = ap.parse_args(argv)
     try:
         catalog = load_catalog()

@@ -192,13 +192,16 @@ def calibration_of(row: RunRow) -> Calibration:
 
     - Runs published before FlashAttention (Dao et al., May 2022), the SC'21 rows, ran unfused
       attention whatever the framework (``megatron-2021`` already does; DeepSpeed's rows too).
+    - Runs published before DeepSpeed v0.5.6 (November 2021), the SC'21 rows, ran ZeRO-3 whose
+      gathers synchronized the device one by one (PR #1188): none of them hid behind compute.
     - Benchmarks that state force-balanced, dropless routing send every expert rank exactly its
       balanced share: the busiest rank's load factor is 1, not the capacity factor of a
       learned router.
     """
     calib = DEFAULT_CALIBRATION
     if "SC'21" in row.source:
-        calib = dataclasses.replace(calib, attention=AttentionKernel.UNFUSED)
+        calib = dataclasses.replace(calib, attention=AttentionKernel.UNFUSED,
+                                    zero3_prefetch=False)
     if row.experts and "force-balanced" in row.notes:
         calib = dataclasses.replace(calib, moe_capacity_factor=1.0)
     return calib
@@ -208,7 +211,7 @@ def _best(tries: list[Estimate]) -> Estimate:
     return min(tries, key=lambda e: (not e.fits, e.iteration_time_s, e.memory.total))
 
 
-def evaluate_row(row: RunRow, catalog: dict[str, GPUSpec], epsilon: float = 0.1) -> RowResult:
+def evaluate_row(row: RunRow, catalog: dict[str, GPUSpec], epsilon: float = 0.0) -> RowResult:
     """The row through :func:`~solver.cost.estimating.estimate.estimate` (or its refusal)."""
     measured = row.measured_iteration_s()
     reason = refusal(row, catalog)

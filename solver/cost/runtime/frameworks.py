@@ -52,111 +52,17 @@ import dataclasses
 from dataclasses import dataclass
 from types import MappingProxyType
 
-import numpy as np
-
+from solver.cost.runtime.profile import FrameworkProfile
 from solver.cost.runtime.runtime_rules import (cp_allowed, expert_parallel_sizes, job_rules,
-                                       mixed_kinds_note, precision_problem,
-                                       shared_embedding_problems, tp_allowed, vendor_problem)
+                                               mixed_kinds_note, precision_problem,
+                                               shared_embedding_problems, tp_allowed,
+                                               vendor_problem)
 from solver.spec.domain import Framework, Precision, Recompute
 
 __all__ = ["PROFILES", "FrameworkProfile", "Runtime", "cp_allowed", "expert_parallel_sizes",
            "interleaving_allowed", "job_runtime", "megatron_interleaves", "mixed_kinds_note",
            "precision_problem", "profile", "shared_embedding_problems", "tp_allowed",
            "vendor_problem", "violations", "zero_choices"]
-
-
-@dataclass(frozen=True)
-class FrameworkProfile:
-    """What one training runtime runs and how it overlaps.
-
-    Attributes
-    ----------
-    framework : Framework
-        Which runtime.
-    zero_pipelined, zero_single : tuple[int, ...]
-        ZeRO stages it runs with pipeline parallelism / with a single stage.
-    uniform_zero : bool
-        One ZeRO stage for the whole job (a global flag).
-    recompute : tuple[Recompute, ...]
-        Recomputation it runs.
-    uniform_recompute : bool
-        One recomputation setting for every stage.
-    offload : bool
-        Activation (checkpoint) offload to host memory.
-    cp, ep : bool
-        Context / expert parallelism.
-    uniform_layout : bool
-        Every pipeline stage has the same (tp, cp, ep, dp) (and so the same GPU count).
-    interleaving : bool
-        Runs the interleaved 1F1B schedule (virtual pipeline stages).
-    overlap_grad_reduce, overlap_param_gather, tp_comm_overlap : bool
-        Overlaps it schedules (see the module docstring).
-    zero2_per_microbatch : bool
-        ZeRO-2 reduce-scatters gradients every micro-batch (else once per iteration).
-    grad_bucket_params : float
-        Parameters per gradient bucket of the overlapped reduction (at least; Megatron scales it
-        with dp).
-    zero3_live_params : float
-        Parameters ZeRO-3 holds gathered at once (at most).
-    unfused_attention : bool
-        Runs unfused attention whatever the GPU (2021 software).
-    tp_divides_kv_heads : bool
-        ``tp`` must divide the KV heads (query groups); False: ``tp`` may also be a multiple of
-        them (KV heads replicated). See :func:`tp_allowed`.
-    cp_across_meshes : bool
-        Runs context parallelism in a plan of several meshes (FlagScale's hetero mode does not:
-        :func:`cp_allowed`).
-    ep_fp16 : bool
-        Runs expert parallelism in FP16 training (Megatron-LM does not:
-        :func:`expert_parallel_sizes`).
-    recompute_layers : bool
-        Recomputes ``k`` of a pipeline rank's layers (full granularity, the ``block`` method;
-        :attr:`~solver.cost.stage.StageConfig.recompute_layers`). Megatron-Core:
-        ``--recompute-method block --recompute-num-layers k``, one for the job, checkpointing
-        the first ``k`` layers of each rank (``megatron/core/recompute.py``,
-        ``checkpointed_forward``; ``TransformerConfig.__post_init__`` requires a method and
-        ``recompute_num_layers`` with full granularity). FlagScale: per stage and micro-batch
-        (``recompute_method_per_stage_micro_batch`` 1 = block,
-        ``recompute_num_layers_per_stage_micro_batch``; ``flagscale/train/arguments.py``
-        ``FSTrainArguments.post_validate_args``, applied in its ``transformer_block.py``
-        patch). Megatron-LM 2021 (``--checkpoint-num-layers``: uniform chunks), DeepSpeed
-        (``PipelineModule.forward``, ``deepspeed/runtime/pipe/module.py``: chunks of
-        ``activation_checkpoint_interval`` layers over all of them) and FSDP as profiled here
-        recompute every layer or none. :mod:`solver.cost.recompute_layers` searches it.
-    """
-
-    framework: Framework
-    zero_pipelined: tuple[int, ...]
-    zero_single: tuple[int, ...]
-    uniform_zero: bool
-    recompute: tuple[Recompute, ...]
-    uniform_recompute: bool
-    offload: bool
-    cp: bool
-    ep: bool
-    uniform_layout: bool
-    interleaving: bool
-    overlap_grad_reduce: bool
-    overlap_param_gather: bool
-    tp_comm_overlap: bool
-    zero2_per_microbatch: bool
-    grad_bucket_params: float
-    zero3_live_params: float
-    unfused_attention: bool
-    tp_divides_kv_heads: bool = True
-    cp_across_meshes: bool = True
-    ep_fp16: bool = False
-    recompute_layers: bool = False
-
-    def zero_stages(self, pipelined: bool) -> tuple[int, ...]:
-        """ZeRO stages allowed for a stage of a multi-stage pipeline or a single stage."""
-        return self.zero_pipelined if pipelined else self.zero_single
-
-    def bucket_params(self, dp):
-        """Parameters per gradient bucket at data-parallel degree ``dp`` (int or array)."""
-        if self.framework in (Framework.MEGATRON_CORE, Framework.FLAGSCALE):
-            return np.maximum(self.grad_bucket_params, 1e6 * np.asarray(dp))
-        return self.grad_bucket_params
 
 
 _ALL_RC = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
@@ -169,10 +75,11 @@ PROFILES = MappingProxyType({
     Framework.FLAGSCALE: FrameworkProfile(
         Framework.FLAGSCALE, recompute=(Recompute.NONE, Recompute.FULL), uniform_recompute=False,
         cp=True, uniform_layout=False, interleaving=False, cp_across_meshes=False,
-        recompute_layers=True, **_MEGATRON),
+        recompute_layers=True, expert_grid=True, **_MEGATRON),
     Framework.MEGATRON_CORE: FrameworkProfile(
         Framework.MEGATRON_CORE, recompute=_ALL_RC, uniform_recompute=True, cp=True,
-        uniform_layout=True, interleaving=True, recompute_layers=True, **_MEGATRON),
+        uniform_layout=True, interleaving=True, recompute_layers=True, expert_grid=True,
+        **_MEGATRON),
     Framework.MEGATRON_2021: FrameworkProfile(
         Framework.MEGATRON_2021, zero_pipelined=(0,), zero_single=(0,), uniform_zero=True,
         recompute=_ALL_RC, uniform_recompute=True, offload=False, cp=False, ep=False,
@@ -185,7 +92,8 @@ PROFILES = MappingProxyType({
         cp=False, ep=True, uniform_layout=True, interleaving=False, overlap_grad_reduce=True,
         overlap_param_gather=True, tp_comm_overlap=False, zero2_per_microbatch=True,
         grad_bucket_params=5e8, zero3_live_params=1e9, unfused_attention=False,
-        tp_divides_kv_heads=False, ep_fp16=True),
+        tp_divides_kv_heads=False, ep_fp16=True, zero3_per_matrix=True,
+        zero3_reuse_params=1e9),
     Framework.FSDP: FrameworkProfile(
         Framework.FSDP, zero_pipelined=(), zero_single=(2, 3), uniform_zero=True,
         recompute=(Recompute.NONE, Recompute.FULL), uniform_recompute=True, offload=False,

@@ -9,12 +9,8 @@ validator and the exporters take the rules from) and by the search space
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from solver.cost.runtime.profile import FrameworkProfile
 from solver.spec.domain import Precision
-
-if TYPE_CHECKING:  # annotations only: frameworks imports this module
-    from solver.cost.runtime.frameworks import FrameworkProfile
 
 __all__ = ["cp_allowed", "expert_parallel_sizes", "job_rules", "mixed_kinds_note",
            "precision_problem", "shared_embedding_problems", "tp_allowed", "vendor_problem"]
@@ -39,13 +35,20 @@ def _model_rules(i: int, c, prof: FrameworkProfile, model, precision) -> list[st
     if not tp_allowed(prof, model.kv_heads, c.tp):
         out.append(f"stage {i}: tp {c.tp} does not divide the {model.kv_heads} KV heads (query "
                    f"groups), which {prof.framework.value}'s Megatron-Core requires")
-    if c.ep > 1 and c.ep not in expert_parallel_sizes(prof, model.experts, c.tp, c.cp, c.dp,
-                                                      precision):
+    etp = c.tp if c.expert_tp is None else c.expert_tp
+    if etp != c.tp and not (prof.expert_grid and model.is_moe):
+        out.append(f"stage {i}: expert-tp {etp}: {prof.framework.value} has no expert grid "
+                   f"for this model (expert-tp must equal tp {c.tp})")
+    elif c.ep > 1 and c.ep not in expert_parallel_sizes(prof, model.experts, c.tp, c.cp, c.dp,
+                                                        precision, expert_tp=etp):
         why = ("expert parallelism does not run in FP16 training"
                if precision is Precision.FP16 and not prof.ep_fp16 else
                f"ep must divide the {model.experts} experts and tp·cp·dp / expert-tp "
-               f"= {c.cp * c.dp} (expert-tp = tp {c.tp})")
+               f"= {c.tp * c.cp * c.dp}/{etp}")
         out.append(f"stage {i}: ep {c.ep}: {why}")
+    elif (c.tp * c.cp * c.dp) % (etp * c.ep):
+        out.append(f"stage {i}: expert-tp {etp} x ep {c.ep} does not divide the stage's "
+                   f"tp·cp·dp = {c.tp * c.cp * c.dp} GPUs per pipeline rank")
     return out
 
 
@@ -105,8 +108,7 @@ def expert_parallel_sizes(prof: FrameworkProfile, experts: int, tp: int, cp: int
     defaults to ``tp``. Megatron-LM's ``validate_args`` (``megatron/training/arguments.py``)
     asserts ``num_experts % expert_model_parallel_size == 0`` and ``not args.fp16`` with EP.
     So EP divides the experts and ``tp·cp·dp / expert_tp``: with ``expert_tp = tp`` (the
-    default, and what the cost model prices) that is ``cp·dp``; with ``expert_tp = 1``, EP may
-    reach ``tp·cp·dp``. [1] for a dense model, without EP, or in FP16 where forbidden.
+    default) that is ``cp·dp``; with ``expert_tp = 1``, EP may reach ``tp·cp·dp``. [1] for a dense model, without EP, or in FP16 where forbidden.
     FlagScale's hetero mode takes ep per mesh (``hetero_process_meshes`` [tp, cp, ep, dp, pp]);
     its check that the meshes' ep are "all 1 or none 1" (``pre_validate_args``) is written as
     ``all(ep == 1) or any(ep != 1)``, which always holds, so meshes may mix EP 1 and EP > 1.

@@ -35,7 +35,7 @@ table does: the cut is provably safe.
 Most tables that cannot beat the bar are settled before the table is even built: a relaxed
 floor table (every group size the run admits, every slice length, a layer's floor times the
 length and nothing else: :func:`_least_stages`) goes through the bounds the group DP cuts with
-before its first pass (:class:`~solver.compose.group_bounds.LeastStages`: the bottleneck's capacity
+before its first pass (:class:`~solver.compose.groups.group_bounds.LeastStages`: the bottleneck's capacity
 floor raised by the cover bound). Every plan of the floor table is a plan of the relaxed one,
 no faster, so this cut is provably safe too. The relaxed table and the bounds computed on it
 depend on the micro-batch alone and are remembered with the floors (``fleet-700``: 576 of the
@@ -49,9 +49,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from solver.compose.group_bounds import (IterationLevels, LeastStages, least_stages,
+from solver.compose.groups.group_bounds import (IterationLevels, LeastStages, least_stages,
                                          might_beat_with_iterations)
-from solver.compose.group_dp import beats
+from solver.compose.groups.group_dp import beats
 from solver.compose.result import TooLargeError
 from solver.compose.stage_table import (UNLIMITED, GroupRestrictions, IslandSlots, Options,
                                         StageTable)
@@ -177,11 +177,11 @@ def _price_group_floors(run: PlanningRun, group: Island, nodes: int) -> GroupFlo
 
 
 def _group_layouts(run: PlanningRun, group: Island) -> np.ndarray:
-    """``(tp, cp, pp, dp, ep)`` rows of every layout a stage on ``group`` may use at the run's
+    """``(tp, cp, pp, dp, ep, expert_tp)`` rows of every layout a stage on ``group`` may use at the run's
     micro-batch: every layout the parallelizer enumerates there (stages never pipeline inside,
     and the framework's and the user's limits only remove layouts)."""
     return np.array(_layouts(ModelSlice(run.job.model, 1), group, run.cache.context,
-                             run.features), dtype=np.int64).reshape(-1, 5)
+                             run.features), dtype=np.int64).reshape(-1, 6)
 
 
 def _layout_configs(run: PlanningRun, layouts: np.ndarray) -> ConfigArrays:
@@ -189,9 +189,9 @@ def _layout_configs(run: PlanningRun, layouts: np.ndarray) -> ConfigArrays:
     (and 0; more stages only lower the floors), without recomputation or offload."""
     stages = np.asarray(sorted(set(run.features.zero) | {0}), dtype=np.int64)
     rows = np.repeat(layouts, stages.size, axis=0)
-    tp, cp, _, dp, ep = rows.T
+    tp, cp, _, dp, ep, etp = rows.T
     nothing = np.zeros_like(tp)
-    return ConfigArrays(tp=tp, cp=cp, ep=ep, pp=np.ones_like(tp), dp=dp,
+    return ConfigArrays(tp=tp, cp=cp, ep=ep, pp=np.ones_like(tp), dp=dp, expert_tp=etp,
                         zero=np.where(dp * cp > 1, np.tile(stages, len(layouts)), 0),
                         recompute=nothing, offload=nothing.astype(bool),
                         micro_batch=run.cache.context.micro_batch // np.maximum(dp, 1))
@@ -292,7 +292,7 @@ def _price_least_stages(run: PlanningRun, sizes: dict[str, tuple[int, ...]]) -> 
 def relaxed_cuts(run: PlanningRun, bar: float, spec: TableSpec | None = None) -> bool:
     """Whether the relaxed floor table (:func:`_least_stages`: no length rules, no head or
     embedding terms, no links, every group size) has no plan under ``bar``, by the group DP's
-    bounds before any pass (:meth:`~solver.compose.group_bounds.LeastStages.might_beat`), with
+    bounds before any pass (:meth:`~solver.compose.groups.group_bounds.LeastStages.might_beat`), with
     the per-iteration floors or without (:func:`_iterations_cut`). Provably safe: every plan of
     the floor table is one of it, no faster. It settles most tables that cannot beat the bar
     without building them; ``spec`` None: the run's own group sizes (a search asks before it
@@ -305,7 +305,7 @@ def relaxed_cuts(run: PlanningRun, bar: float, spec: TableSpec | None = None) ->
 def _iterations_cut(run: PlanningRun, spec: TableSpec | None, stages: LeastStages,
                     bar: float) -> bool:
     """Whether no plan of the relaxed floor table beats ``bar`` with its per-iteration time
-    counted (:func:`~solver.compose.group_bounds.might_beat_with_iterations` over
+    counted (:func:`~solver.compose.groups.group_bounds.might_beat_with_iterations` over
     :func:`_iteration_stages`; provably safe). The per-iteration term is what the latency
     bounds miss most (``fleet-8448``: 2.7% of its seven-island floor optimum; the check
     settles 183 of the 210 floor-table proofs of its dearest replica plans). ``stages``:
@@ -317,7 +317,7 @@ def _iterations_cut(run: PlanningRun, spec: TableSpec | None, stages: LeastStage
 def _iteration_stages(run: PlanningRun, spec: TableSpec | None,
                       stages: LeastStages) -> IterationLevels | None:
     """The relaxed floor table's ``stages`` (:func:`_least_stages`) by the largest
-    per-iteration floor of a plan (:class:`~solver.compose.group_bounds.IterationLevels`; a
+    per-iteration floor of a plan (:class:`~solver.compose.groups.group_bounds.IterationLevels`; a
     stage's floor is the least over positions of :func:`_group_iterations`). None where the
     parallelizer is not priced by the cost model. Remembered as :func:`_least_stages`."""
     if stage_calibration(run.cache.parallelizer) is None:

@@ -11,7 +11,8 @@ Per GPU, in bytes (Megatron-LM's mixed-precision layout; Rajbhandari et al. 2020
 Korthikanti et al. 2022 for activations, recounted for GQA, gated MLPs, MoE, FlashAttention):
 
 * weights 2, fp32 gradients 4, fp32 Adam master weights and moments 12 per parameter; ZeRO-1/2/3
-  divide optimizer / gradients / weights by the ``dp·cp`` replicas (experts: ``dp·cp/ep``);
+  divide optimizer / gradients / weights by the ``dp·cp`` replicas (experts: the expert-DP group
+  ``tp·cp·dp/(etp·ep)``);
   ZeRO-3 adds its gathered buffer (two layers, or two of the largest matrices for DeepSpeed);
   FP8 adds Transformer Engine's FP8 copy and transpose (2 per held weight) and saves its GEMM
   inputs in one byte (QKV/fc1 inputs ``h``, fc2 inputs ``f``, plus an FP8 copy ``q`` of the
@@ -24,7 +25,13 @@ Korthikanti et al. 2022 for activations, recounted for GQA, gated MLPs, MoE, Fla
   micro-batches in flight (1F1B: ``min(P − j, n)`` at sub-stage ``j`` of ``P``; interleaved:
   ``min(2(P − j − 1) + (v − 1)P + 1, n v) / v``); one recomputed layer's working set under full
   recomputation; offload keeps one micro-batch in HBM; the head stage adds ``4h`` per token per
-  micro-batch held and one micro-batch of fp32 logits.
+  micro-batch held and one micro-batch of fp32 logits;
+* the caching allocator's fragmentation, 5 % of the activations.
+
+The cap a stage's count must stay within (:func:`usable_gb`) is re-derived here too: ``(1 − ε)``
+of the device's memory as CUDA reports it (the catalog's ``memory_mib``, else ``hbm_gb`` read
+as GiB), less the CUDA context (1 GiB) and NCCL's buffers (three rings of 32 channels, each
+channel holding NCCL's LL, LL128 and Simple buffers for one peer in and one out).
 """
 
 from __future__ import annotations
@@ -32,6 +39,19 @@ from __future__ import annotations
 from solver.spec.domain import Framework, ModelSpec, Recompute
 
 _W, _G, _O, _FP8 = 2.0, 4.0, 12.0, 2.0
+_FRAG = 0.05                 # allocator fragmentation per byte of activations
+_CONTEXT = 2.0 ** 30         # CUDA context, kernels, library workspaces
+# NCCL per channel and peer: LL (8 lines × 512 threads × 8 steps × 16 B), LL128 (120 × 640 × 8
+# steps × 8 B) and Simple (NCCL_BUFFSIZE, 4 MiB); 32 channels, a peer in and out, 3 groups.
+_NCCL = 3 * 2 * 32 * (8 * 512 * 8 * 16 + 120 * 640 * 8 * 8 + 4 * 2 ** 20)
+
+
+def usable_gb(island, epsilon: float) -> float:
+    """GB (10⁹ B) per GPU a stage on ``island`` may count: ``(1 − ε)`` of its smallest
+    member's memory as CUDA reports it, less the CUDA context and NCCL's buffers."""
+    device = min(n.gpu.memory_mib * 2.0 ** 20 if n.gpu.memory_mib is not None
+                 else n.gpu.hbm_gb * 2.0 ** 30 for n in island.nodes)
+    return ((1.0 - epsilon) * device - _CONTEXT - _NCCL) / 1e9
 
 
 def layer_counts(layers: int, pp: int) -> list[int]:
@@ -116,16 +136,17 @@ def substage_bytes(m: ModelSpec, seq: int, c, layers: int, emb: bool, head: bool
     final_norm = m.hidden * (2.0 if m.normalization == "layernorm" else 1.0)
     head_params = (final_norm if emb and m.tied_embeddings else vh + final_norm) if head else 0.0
     dense = (layers * dense_l + (vh + pos if emb else 0.0) + head_params) / c.tp
-    expert = layers * expert_l / (c.tp * c.ep)
+    expert = layers * expert_l / (c.etp * c.ep)
     q = c.dp * c.cp
+    q_e = c.tp * c.cp * c.dp / (c.etp * c.ep)  # the expert-data-parallel group
 
     def held_states(stage: int) -> float:
-        return dense / q + expert / (q / c.ep) if c.zero >= stage else dense + expert
+        return dense / q + expert / q_e if c.zero >= stage else dense + expert
 
     live = held_states(3)
     if c.zero >= 3:
         live += (2.0 * largest / c.tp * min(layers, 1) if framework is Framework.DEEPSPEED
-                 else min(layers, 2) * (dense_l / c.tp + expert_l / (c.tp * c.ep)))
+                 else min(layers, 2) * (dense_l / c.tp + expert_l / (c.etp * c.ep)))
     states = _W * live + (_FP8 * live if fp8 else 0.0) + _G * held_states(2) + _O * held_states(1)
     tokens = c.micro_batch * seq / c.cp / c.tp
     in_hbm = min(held, 1.0) if c.offload else held
@@ -139,7 +160,7 @@ def substage_bytes(m: ModelSpec, seq: int, c, layers: int, emb: bool, head: bool
         acts += _per_token(m, seq, Recompute.NONE, flash, cf, fp8) * tokens
     if head:
         acts += tokens * (4.0 * m.hidden * in_hbm + 4.0 * m.vocab)
-    return states + acts
+    return states + acts * (1.0 + _FRAG)
 
 
 def plan_memory_gb(plan, cf: float, flash_by_stage: list[bool]) -> list[float]:

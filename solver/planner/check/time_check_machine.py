@@ -33,6 +33,8 @@ class Machine(NamedTuple):
     per_node: int
     nvlink: int = 0     # ranks sharing an NVLink domain (0: the node)
     pcie_peer: float = 0.0  # bytes/s between node peers outside the NVLink domain
+    head_ceiling: float | None = None  # 16-bit ceiling of the LM head under FP8 (None: no FP8)
+    cast: tuple[float, float] = (0.0, 0.0)  # FP8 cast bytes per element: norm output, other
 
 
 def machine(island: Island, precision: Precision, calib: Calibration,
@@ -59,7 +61,24 @@ def machine(island: Island, precision: Precision, calib: Calibration,
         intra_lat=calib.nvlink_latency_s, inter_lat=calib.nic_latency_s,
         pcie=island.pcie_gbs * 1e9 * calib.pcie_eff, hbm=island.hbm_bw_gbs * 1e9 * calib.hbm_eff,
         **_domain(island, intra * 1e9 * calib.nvlink_eff,
-                  island.pcie_gbs * 1e9 * calib.pcie_eff))
+                  island.pcie_gbs * 1e9 * calib.pcie_eff), **_fp8(island, precision))
+
+
+def _fp8(island: Island, precision: Precision) -> dict:
+    """What FP8 changes when every GPU of the island runs it: the LM head stays 16-bit
+    (Megatron-Core's output layer is outside Transformer Engine), and every GEMM operand is
+    cast: amax pass, read, one byte written (5 B; 3 B for a norm's output, whose kernel takes
+    the amax), plus a transposed byte where FP8 GEMMs are TN-only (not Blackwell); MXFP8:
+    read, row- and column-wise bytes (4 B)."""
+    gpus = [x.gpu for x in island.nodes]
+    if not all(g.runs_fp8(precision) for g in gpus):
+        return {}
+    if precision is Precision.FP8_MX:
+        cast = (4.0, 4.0)
+    else:
+        extra = 0.0 if all(g.mxfp8 for g in gpus) else 1.0
+        cast = (3.0 + extra, 5.0 + extra)
+    return {"head_ceiling": min(g.gemm_ceiling(Precision.BF16) for g in gpus), "cast": cast}
 
 
 def _domain(island: Island, intra: float, pcie: float) -> dict:

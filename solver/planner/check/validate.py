@@ -18,7 +18,7 @@ from solver.cost.runtime.frameworks import interleaving_allowed, precision_probl
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.stage_costs import PipelineSetting, stage_costs
 from solver.islands import Thresholds, build_islands, whole_cluster, whole_cluster_views
-from solver.planner.check.memory_check import plan_memory_gb
+from solver.planner.check.memory_check import plan_memory_gb, usable_gb
 from solver.planner.plan import Plan
 from solver.planner.check.time_check import plan_stage_seconds
 from solver.planner.pruning import LinkModel
@@ -63,14 +63,14 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
         in_flight = max(s.in_flight, held)
         mem = _model_memory_gb(s, job, n, in_flight, plan.virtual_stages)
         subs, extra = tuple(seconds[i][0]), seconds[i][1]
-        limit = (1 - job.planner.epsilon) * s.island.hbm_gb
+        limit = usable_gb(s.island, job.planner.epsilon)  # re-derived apart from the model's
         if independent[i] > limit * (1 + REL_TOL):
             out.append(f"stage {i} ({s.island.name}): {independent[i]:.2f} GB per GPU at its "
-                       f"position's micro-batches in flight (independent count) exceeds "
-                       f"(1 - ε)·HBM = {limit:.2f} GB")
+                       f"position's micro-batches in flight (independent count) exceeds the "
+                       f"usable {limit:.2f} GB")
         elif mem > limit * (1 + REL_TOL):
             out.append(f"stage {i} ({s.island.name}): {mem:.2f} GB per GPU with {in_flight} "
-                       f"micro-batches in flight exceeds (1 - ε)·HBM = {limit:.2f} GB")
+                       f"micro-batches in flight exceeds the usable {limit:.2f} GB")
         if len(subs) != len(s.plan.stage_latencies) or not all(
                 math.isclose(a, b, rel_tol=1e-6) for a, b in zip(subs, s.plan.stage_latencies)):
             out.append(f"stage {i}: latencies {s.plan.stage_latencies} do not match the "
@@ -183,7 +183,7 @@ def _constraints(plan: Plan, job: JobSpec) -> list[str]:
     c, out = job.constraints, []
     for i, s in enumerate(plan.stages):
         k = s.plan.config
-        for name, value in (("tp", k.tp), ("cp", k.cp), ("ep", k.ep),
+        for name, value in (("tp", k.tp), ("cp", k.cp), ("ep", k.ep), ("expert_tp", k.etp),
                             ("micro_batch", k.micro_batch)):
             allowed = getattr(c, name)
             if allowed is not None and value not in allowed:

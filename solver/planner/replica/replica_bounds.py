@@ -20,6 +20,7 @@ from typing import Iterator, Sequence
 
 from solver.cost.efficiency import Calibration
 from solver.cost.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
+from solver.cost.reserve import gpu_usable_bytes
 from solver.planner.stages.candidates import MAX_AUTO_MICRO
 from solver.planner.bounds.floors import pipeline_floor
 from solver.planner.replica.replica_plan import allreduce_s
@@ -64,12 +65,13 @@ def replica_floor(job: JobSpec, group: Sequence[Island], share: int,
 
 
 def holds_model(job: JobSpec, group: Sequence[Island]) -> bool:
-    """Whether ``group`` has the HBM for one copy of the model's states (bf16 weights, fp32
-    gradients and Adam states, 18 B/param, all sharded as ZeRO-3 would) within the job's
-    margin. A replica on a group without it cannot exist: provably safe."""
+    """Whether ``group`` has the memory for one copy of the model's states (bf16 weights, fp32
+    gradients and Adam states, 18 B/param, all sharded as ZeRO-3 would) within every GPU's
+    usable bytes (:func:`~solver.cost.reserve.gpu_usable_bytes`). A replica on a group without
+    it cannot exist: provably safe."""
     need = job.model.total_params * (WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES)
-    have = sum(n.gpus * n.gpu.hbm_gb for i in group for n in i.nodes) * 1e9
-    return have * (1.0 - job.planner.epsilon) >= need
+    eps = job.planner.epsilon
+    return sum(n.gpus * gpu_usable_bytes(n.gpu, eps) for i in group for n in i.nodes) >= need
 
 
 def partition_bound(job: JobSpec, part: Partition, calib: Calibration | None = None) -> float:

@@ -34,15 +34,15 @@ from solver.spec.domain import JobSpec
 
 __all__ = ["ShardLayout", "Runtime", "shard_layout", "replicas_runtime"]
 
-ShardLayout = tuple  # (virtual stages, then per stage: start, end, tp, cp, ep, pp, dp, zero)
+ShardLayout = tuple  # (virtual stages, then per stage: start, end, tp, cp, ep, pp, dp, zero, etp)
 
 
 def shard_layout(plan: Plan) -> ShardLayout:
     """Which parameters' gradients each GPU of ``plan`` holds after its own reduction: per
-    stage its layer range and ``(tp, cp, ep, pp, dp, zero)``, with the interleaving (which
+    stage its layer range and ``(tp, cp, ep, pp, dp, zero, expert_tp)``, with the interleaving (which
     deals layers to pipeline ranks). Two plans with equal shard layouts pair GPU for GPU."""
     return (plan.virtual_stages,) + tuple(
-        (s.start, s.end, c.tp, c.cp, c.ep, c.pp, c.dp, c.zero)
+        (s.start, s.end, c.tp, c.cp, c.ep, c.pp, c.dp, c.zero, c.etp)
         for s in plan.stages for c in (s.plan.config,))
 
 
@@ -60,7 +60,7 @@ def _one_megatron_mesh(plan: Plan) -> bool:
     """Whether the merged pipeline is one Megatron layout: one GPU kind, every stage the same
     ``(tp, cp, ep, dp)`` and as many layers per pipeline rank."""
     kinds = {n.gpu.name for s in plan.stages for n in s.nodes or s.island.nodes}
-    layouts = {(c.tp, c.cp, c.ep, c.dp) for c in (s.plan.config for s in plan.stages)}
+    layouts = {(c.tp, c.cp, c.ep, c.dp, c.etp) for c in (s.plan.config for s in plan.stages)}
     per_rank = {(s.end - s.start) / s.plan.config.pp for s in plan.stages}
     return len(kinds) == 1 and len(layouts) == 1 and len(per_rank) == 1
 

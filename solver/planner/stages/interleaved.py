@@ -162,15 +162,16 @@ def one_mesh_floor(job: JobSpec, context: PlanContext, group: Island,
     limits, which only remove some; a small margin covers the sums' order."""
     layers, n = job.model.layers, context.n_micro
     rows = np.array(_layouts(ModelSlice.whole(job.model), group, context,
-                             FeatureSet.of(context.features)), dtype=np.int64).reshape(-1, 5)
-    tp, cp, pp, dp, ep = rows.T
+                             FeatureSet.of(context.features)), dtype=np.int64).reshape(-1, 6)
+    tp, cp, pp, dp, ep, etp = rows.T
     keep = (pp >= 2) & (layers % pp == 0) & (n % pp == 0) & \
         np.array([job.constraints.allows_depth(int(p)) for p in pp], dtype=bool)
     if not keep.any():
         return math.inf
-    tp, cp, pp, dp, ep = (x[keep] for x in (tp, cp, pp, dp, ep))
+    tp, cp, pp, dp, ep, etp = (x[keep] for x in (tp, cp, pp, dp, ep, etp))
     none = np.zeros_like(tp)
-    cfg = ConfigArrays(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, zero=none, recompute=none,
+    cfg = ConfigArrays(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, expert_tp=etp, zero=none,
+                       recompute=none,
                        offload=none.astype(bool), micro_batch=context.micro_batch // dp)
     per_layer = layer_latencies(job.model, group, context.seq_len, cfg, calib, context.runtime)
     return float(np.min(n * (layers / pp) * per_layer)) * (1 - ROUNDING)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from solver.cost.configs import tp_degrees
+from solver.cost.reserve import usable_bytes
 from solver.cost.runtime.frameworks import precision_problem
 from solver.islands import node_key
 from solver.planner.stages.candidates import granule
@@ -66,10 +67,11 @@ def explain_infeasible(runs: list[PlanningRun]) -> str:
     run = runs[0]
     job, model = run.job, run.job.model
     state_gb = model.total_params * 18 / 1e9
-    room = sum(i.gpus * i.hbm_gb * (1 - job.planner.epsilon) for i in run.islands.islands)
+    room = sum(i.gpus * usable_bytes(i, job.planner.epsilon) for i in run.islands.islands) / 1e9
     if state_gb > room:
         return (f"{model.name} needs {state_gb:,.0f} GB of parameter+gradient+optimizer state; "
-                f"the whole cluster offers {room:,.0f} GB at (1 - ε)·HBM")
+                f"the whole cluster offers {room:,.0f} GB usable (device memory less the "
+                f"runtime's reserves and the ε margin)")
     why = tp_constraint_problem(job, run.islands.islands)
     if why:
         return why
@@ -81,8 +83,8 @@ def explain_infeasible(runs: list[PlanningRun]) -> str:
                 f"divides n_micro {', '.join(map(str, ns))} and the {model.layers} layers")
     biggest = max(run.islands.islands, key=lambda i: i.gpus * i.hbm_gb)
     return (f"no pipeline of {model.name} fits at n_micro {', '.join(map(str, ns))}: every "
-            f"group's slices exceed (1 - ε)·HBM once the activations in flight are counted, or "
-            f"no layout's data-parallel degree divides the micro-batch (largest island "
+            f"group's slices exceed the usable memory once the activations in flight are "
+            f"counted, or no layout's data-parallel degree divides the micro-batch (largest island "
             f"{biggest.name}: {biggest.gpus} × {biggest.hbm_gb:g} GB)")
 
 

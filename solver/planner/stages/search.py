@@ -4,7 +4,7 @@ A stage is a group of nodes of one island; an island may host several consecutiv
 nodes may stay idle. For a fixed ``n_micro`` the planner builds one stage table per view of the
 cluster — the islands of Algorithm 1, and the whole cluster as one island at its weakest
 members' figures (what a heterogeneity-oblivious planner sees, so the result is never worse
-than that plan) — and composes it exactly (:func:`solver.compose.group_dp.compose_groups_dp`,
+than that plan) — and composes it exactly (:func:`solver.compose.groups.group_dp.compose_groups_dp`,
 or CP-SAT / MILP). Without a fixed ``n_micro`` every divisor of the global batch up to
 :data:`solver.planner.stages.candidates.MAX_AUTO_MICRO` is planned, largest first, and the best kept
 (ties: smaller ``n``, then the islands' view); the ``n_micro`` values may be searched by several
@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from solver.cost.runtime.frameworks import job_runtime, profile
-from solver.compose.group_dp import Live
+from solver.compose.groups.group_dp import Live
 from solver.compose.stage_table import GroupRestrictions
 from solver.compose.table import Position, slice_position
 from solver.cost.parallelizer import AnalyticParallelizer, Parallelizer
@@ -353,7 +353,8 @@ def restage(job: JobSpec, group: Island, start: int, end: int, plan, n_micro: in
                         PipelineSetting(n_micro, in_flight), runtime=job_runtime(job))
     mem = costs.memory
     parts = MemoryBreakdown(*(float(getattr(mem, k)[0]) / 1e9
-                              for k in ("params", "grads", "optimizer", "activations")))
+                              for k in ("params", "grads", "optimizer", "activations",
+                                        "fragmentation")))
     return replace(plan, memory_gb=float(mem.total[0]) / 1e9, memory=parts)
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from solver.compose.dp import canonical_result, compose_dp
-from solver.compose.group_brute import compose_groups_brute
-from solver.compose.group_dp import Live, compose_groups_dp
+from solver.compose.groups.group_brute import compose_groups_brute
+from solver.compose.groups.group_dp import Live, compose_groups_dp
 from solver.compose.result import CompositionResult, SolveStatus, TooLargeError
 from solver.compose.stage_table import GroupRestrictions, GroupResult, StageTable
 from solver.compose.table import LatencyTable, Restrictions

@@ -13,7 +13,7 @@ alone reaches the best total). For a fixed ``V`` the pipeline time ``(n − 1)·
 by the bottleneck cap ``C`` of :mod:`solver.compose.dp`: one pass gives ``S(C)``, the least sum
 over plans whose every stage and link is ``<= C``; ``S`` never increases with ``C``, so a
 branch-and-bound over the sorted caps above a lower bound on the bottleneck
-(:mod:`solver.compose.group_bounds`), bisecting each
+(:mod:`solver.compose.groups.group_bounds`), bisecting each
 interval at its middle value and pruned with a lower bound on ``S``, finds the optimum. Every
 plan found is kept: it is a plan under any larger caps too, so its sum is where a later pass's
 first trial budget can start.
@@ -56,10 +56,10 @@ from typing import Callable
 
 import numpy as np
 
-from solver.compose.group_pass import (_INF, MAX_GROUP_ISLANDS, Mode, _backtrack,
+from solver.compose.groups.group_pass import (_INF, MAX_GROUP_ISLANDS, Mode, _backtrack,
                                        _decode, _Kernels, _kernels, _Prep, _prepare, _run_pass,
                                        level_in_flight)
-from solver.compose.group_bounds import LeastStages, Slots
+from solver.compose.groups.group_bounds import LeastStages, Slots
 from solver.compose.stage_table import GroupRestrictions, GroupResult, StageTable, group_objective
 
 Live = Callable[[], float]  # the current bar of a search whose incumbent may fall as it runs

@@ -1,7 +1,7 @@
-"""One DP pass over node-group stages, and its backtracking (used by :mod:`solver.compose.group_dp`).
+"""One DP pass over node-group stages, and its backtracking (used by :mod:`solver.compose.groups.group_dp`).
 
 A pass walks the pipeline from its end, one stage per level, over the states ``W`` (closed
-blocks) and ``X`` (an island's block still open) described in :mod:`solver.compose.group_dp`,
+blocks) and ``X`` (an island's block still open) described in :mod:`solver.compose.groups.group_dp`,
 under a bottleneck cap; backtracking recomputes every value with the same floating-point
 operations and follows equality to the predecessor. The planner's tie rule lives here: at every
 step the lowest island index, the smallest group, then the shortest slice.
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solver.compose.group_bounds import cover_costs
-from solver.compose.group_kernel import drop_dominated, level_latencies, level_step, prune_rows
+from solver.compose.groups.group_bounds import cover_costs
+from solver.compose.kernels.group_kernel import drop_dominated, level_latencies, level_step, prune_rows
 from solver.compose.result import TooLargeError
 from solver.compose.stage_table import GroupRestrictions, GroupStage, StageTable, in_flight_counts
 from solver.compose.table import Position, slice_position
@@ -184,7 +184,7 @@ def _kernels(prep: _Prep, vcap: float) -> _Kernels:
 
 def _cover(prep: _Prep, kern: _Kernels, dmax: np.ndarray, cap: float) -> np.ndarray:
     """``F[l]``: least summed latency of stages within ``cap`` covering ``l`` layers
-    (:func:`~solver.compose.group_bounds.cover_costs`; a lower bound for every plan)."""
+    (:func:`~solver.compose.groups.group_bounds.cover_costs`; a lower bound for every plan)."""
     return cover_costs(kern.tmin, prep.gu, prep.ngroups, prep.units, cap)
 
 

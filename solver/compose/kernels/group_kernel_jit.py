@@ -1,18 +1,10 @@
-"""Compiled inner loops of the node-group DP (:mod:`solver.compose.group_dp`).
+"""The node-group DP's kernels compiled with numba (:mod:`solver.compose.kernels.group_kernel` says
+when they run instead of their NumPy twins in :mod:`solver.compose.kernels.group_kernel_np`).
 
-Plain loops over the finite states, compiled with numba: a pass touches each reachable state
-once per transition, where array code would sweep every (mask, nodes, group, layer) cell. The
-arithmetic is the same IEEE double arithmetic as in Python, so the DP's backtracking, written in
-Python, recomputes every value bit for bit. Array layouts (all padded, ``inf`` where absent):
-
-* ``tau[k, g, p, j, d]`` — latency of a stage of group ``g`` of island ``k`` at position ``p``
-  (index into :class:`~solver.compose.table.Position`), level ``j``, length ``d``;
-* ``link[k, g, k2, g2]`` — boundary from group ``g`` of island ``k`` to the stage behind it,
-  group ``g2`` of island ``k2`` (``k2 = k``: inside the island);
-* ``W[mask, k, g, l]`` and ``X[k, mi, u, g, l]`` — the DP states of one level (see the DP's
-  module docstring), with marks over their rows (``rows[mask, k, g]``, ``live[k, mi, u]``):
-  only a marked row holds states and is read. A row is filled with ``inf`` when it is first
-  written, so a level array is never cleared as a whole (a pass writes few of its rows).
+Plain loops over the finite states: a pass touches each reachable state once per transition,
+where array code sweeps every (nodes, group, layer) cell of a row it reads. The arithmetic is the
+same IEEE double arithmetic as in Python, so the DP's backtracking, written in Python, recomputes
+every value bit for bit. The array layouts are in :mod:`solver.compose.kernels.group_kernel`.
 """
 
 from __future__ import annotations

@@ -2,21 +2,21 @@
 
 Nothing the planner computed is trusted: islands are rebuilt from the job; every stage's
 sub-stage latencies and per-iteration terms are recomputed by the scalar reference
-(:mod:`solver.planner.check.time_check`) and its memory both by the independent count
-(:mod:`solver.planner.check.memory_check`) and by the cost model at the in-flight count its final
-position implies; link times are recomputed, and the objective is recomputed from those numbers
-by this module's own pipeline formula.
+(:mod:`solver.planner.check.time_check`) and its memory by the independent count
+(:mod:`solver.planner.check.memory_check`) at the in-flight count its position implies; link
+times are recomputed, and the objective is recomputed from those numbers by this module's own
+pipeline formula. From :mod:`solver.cost` it reads only the rule book (the rules the planner
+searched under and the exporters check), the configuration types and the calibration constants,
+never the cost model's functions.
 """
 
 from __future__ import annotations
 
 import math
 
-from solver.cost.runtime.frameworks import job_runtime
 from solver.cost.efficiency import DEFAULT_CALIBRATION
-from solver.cost.runtime.frameworks import interleaving_allowed, precision_problem, profile, violations
-from solver.cost.stage import ConfigArrays, ModelSlice
-from solver.cost.stage_costs import PipelineSetting, stage_costs
+from solver.cost.runtime.frameworks import (interleaving_allowed, precision_problem, profile,
+                                            violations)
 from solver.islands import Thresholds, build_islands, whole_cluster, whole_cluster_views
 from solver.planner.check.memory_check import plan_memory_gb, usable_gb
 from solver.planner.plan import Plan
@@ -60,17 +60,12 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
         if s.in_flight < held:
             out.append(f"stage {i} ({s.island.name}): sized for {s.in_flight} micro-batches in "
                        f"flight, its position holds {held}")
-        in_flight = max(s.in_flight, held)
-        mem = _model_memory_gb(s, job, n, in_flight, plan.virtual_stages)
         subs, extra = tuple(seconds[i][0]), seconds[i][1]
         limit = usable_gb(s.island, job.planner.epsilon)  # re-derived apart from the model's
         if independent[i] > limit * (1 + REL_TOL):
             out.append(f"stage {i} ({s.island.name}): {independent[i]:.2f} GB per GPU at its "
                        f"position's micro-batches in flight (independent count) exceeds the "
                        f"usable {limit:.2f} GB")
-        elif mem > limit * (1 + REL_TOL):
-            out.append(f"stage {i} ({s.island.name}): {mem:.2f} GB per GPU with {in_flight} "
-                       f"micro-batches in flight exceeds the usable {limit:.2f} GB")
         if len(subs) != len(s.plan.stage_latencies) or not all(
                 math.isclose(a, b, rel_tol=1e-6) for a, b in zip(subs, s.plan.stage_latencies)):
             out.append(f"stage {i}: latencies {s.plan.stage_latencies} do not match the "
@@ -236,16 +231,6 @@ def _interleaving(plan: Plan, job: JobSpec) -> list[str]:
     if not interleaving_allowed(profile(job.planner.framework), len(plan.stages)):
         out.append(f"{job.planner.framework.value} does not run virtual pipeline stages")
     return out
-
-
-def _model_memory_gb(s, job: JobSpec, n: int, in_flight: int, v: int = 1) -> float:
-    """Per-GPU GB of stage ``s`` by the cost model at ``in_flight`` micro-batches."""
-    slc = ModelSlice(job.model, s.end - s.start, s.start == 0, s.end == job.model.layers)
-    pipe = PipelineSetting(n, in_flight, Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B,
-                           v)
-    costs = stage_costs(slc, s.group, job.training.seq_len, ConfigArrays.of([s.plan.config]),
-                        pipe, runtime=job_runtime(job))
-    return float(costs.memory.total[0]) / 1e9
 
 
 def _links(plan: Plan, job: JobSpec) -> list[float]:

@@ -181,9 +181,23 @@ def enumerate_configs(slc: ModelSlice, island: Island, ctx: PlanContext, feats: 
     zero = np.where(replicas, g[:, 0], 0)
     if ctx.constraints is not None:
         keep &= _constrained(ctx.constraints, b, zero, g, ctx.micro_batch // np.maximum(dp, 1))
+        keep &= _at_the_ends(ctx.constraints, slc, tp, dp)
     return ConfigArrays(tp=tp[keep], cp=cp[keep], ep=ep[keep], pp=pp[keep], dp=dp[keep],
                         zero=zero[keep], recompute=g[keep, 1], offload=g[keep, 2].astype(bool),
                         micro_batch=ctx.micro_batch // dp[keep], expert_tp=etp[keep])
+
+
+def _at_the_ends(c: Constraints, slc: ModelSlice, tp: np.ndarray, dp: np.ndarray) -> np.ndarray:
+    """Rows the planner's end-stage limits allow (``end_tp``, ``first_dp``, ``last_dp``): only a
+    first stage (embedding, no head) or a last one (head, no embedding) is limited."""
+    ok = np.ones(tp.shape, dtype=bool)
+    first, last = slc.has_embedding and not slc.has_head, slc.has_head and not slc.has_embedding
+    if (first or last) and c.end_tp is not None:
+        ok &= np.isin(tp, c.end_tp)
+    for on, allowed in ((first, c.first_dp), (last, c.last_dp)):
+        if on and allowed is not None:
+            ok &= np.isin(dp, allowed)
+    return ok
 
 
 def _constrained(c: Constraints, layout: np.ndarray, zero: np.ndarray, grid: np.ndarray,

@@ -41,6 +41,10 @@ class Constraints:
         At most this many pipeline stages (sub-stages of an internal pipeline count).
     islands, exclude_islands : tuple[str, ...] | None
         Islands (by name, or by GPU type) to use only / to leave out.
+    end_tp, first_dp, last_dp : tuple[int, ...] | None
+        Set by the planner, not read from a job: allowed tp of the first and last stages of a
+        pipeline of several stages, and allowed dp of each (a tied embedding's rule,
+        :mod:`solver.planner.stages.tied`).
     max_replicas : int | None
         At most this many pipeline replicas across islands (``1``: one pipeline; None:
         unlimited, see :mod:`solver.planner.replica.replicas`).
@@ -61,6 +65,9 @@ class Constraints:
     islands: tuple[str, ...] | None = None
     exclude_islands: tuple[str, ...] | None = None
     max_replicas: int | None = None
+    end_tp: tuple[int, ...] | None = None
+    first_dp: tuple[int, ...] | None = None
+    last_dp: tuple[int, ...] | None = None
 
     def allows_island(self, island: "Island") -> bool:
         """Whether ``island`` may be used (matched by its name or its GPU type)."""

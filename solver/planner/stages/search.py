@@ -41,6 +41,7 @@ from solver.planner.stages.runs import (REL_TIE, VIEW_ISLANDS, VIEW_WHOLE, Compo
 from solver.planner.pruning import (Rule, balance_window, bound_window, interface_bans,
                                     interface_bans_safe, layer_work_flops, memory_cap,
                                     stage_time_lb)
+from solver.planner.stages.tied import plan_tied_ends, tied_rule_binds
 from solver.planner.stages.solve import solve_stage_table
 from solver.planner.check.validate import validate
 from solver.spec.domain import Island, JobSpec, Schedule
@@ -109,9 +110,33 @@ def plan_job(job: JobSpec, config: PlannerConfig = PlannerConfig(), n_micro: int
         plan = replace(best.plan, solver=best.info(proven, elapsed, calls))
     heuristic = config.rules.heuristic
     plan = replace(plan, solver=replace(plan.solver, heuristic_pruning=heuristic))
+    if check and tied_rule_binds(plan, job):  # the runtime's rule on the pipeline's two ends
+        plan = _tied(job, config, n_micro, parallelizer, upper, isl, start)
     if check:
         validate(plan, job)
     return plan
+
+
+def _tied(job: JobSpec, config: PlannerConfig, n_micro: int | None, parallelizer,
+          upper: float, islands, start: float) -> Plan:
+    """The best plan under the tied-embedding rule (:mod:`solver.planner.stages.tied`), its
+    proof the conjunction of its cases' and its time the whole search's."""
+    calls: list[SolverInfo] = []
+
+    def search(limited: JobSpec, bar: float) -> Plan:
+        found = plan_job(limited, config, n_micro, parallelizer, upper=bar, islands=islands,
+                         check=False)
+        calls.append(found.solver)
+        return replace(found, job=job)
+
+    best = plan_tied_ends(job, search, upper)
+    if best is None:
+        raise InfeasibleError("no plan keeps the first and last meshes at one tp (a tied "
+                              "embedding under FlagScale's pre_validate_args)", 0)
+    info = replace(best.solver, optimal=all(c.optimal for c in calls),
+                   time_s=time.perf_counter() - start,
+                   parallelizer_calls=sum(c.parallelizer_calls for c in calls))
+    return replace(best, solver=info)
 
 
 @dataclass(frozen=True)

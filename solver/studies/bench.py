@@ -330,11 +330,9 @@ def bench_job(path: Path | str, options: BenchOptions = BenchOptions()) -> Bench
     start = time.perf_counter()
     run: PlanningRun | None = None
     try:
-        if job.training.n_micro is None:
-            plan = plan_auto(job, config)
-        else:
-            run = start_run(job, config)
-            plan = plan_job(job, config, run=run)
+        # What `tangram plan` runs: every view of the cluster the runtime can run (one vendor,
+        # one precision) and the one-mesh interleaved family, not one run over all islands.
+        plan = plan_auto(job, config) if job.training.n_micro is None else plan_job(job, config)
         note = ""
     except PlanInvalid:
         raise

@@ -220,3 +220,13 @@ def test_replica_columns_never_below_the_single_pipeline(three):
     assert sum(out["shares"]) == load_job(three).training.global_batch
     assert row.replicas.tokens_per_s >= row.tokens_per_s * (1 - 1e-12)
     assert row_json(bench_job(three))["replicas"] is None  # only when asked
+
+
+def test_bench_plans_what_tangram_plan_plans():
+    # AMD beside NVIDIA: the runnable views are one vendor each, and the best is the MI300X
+    # island as one interleaved mesh. The bench row must be the plan `tangram plan` prints.
+    from solver.spec.loaders import INSTANCES
+    path = INSTANCES / "jobs" / "mi300x-h100-llama3-70b.toml"
+    row = bench_job(path)
+    plan = plan_job(load_job(path))
+    assert row.tokens_per_s == pytest.approx(plan.tokens_per_s, rel=1e-9)

@@ -11,8 +11,7 @@ from numba import njit
 
 @njit(cache=True)
 def knapsack_layers(units: int, sizes: np.ndarray, value: np.ndarray) -> int:
-    """Most of ``value`` (layers per group) that groups of ``sizes`` granules, each any
-    number of times, give within ``units`` granules (an unbounded knapsack)."""
+    """Compiled twin of `group_bounds.knapsack_layers`, whose docstring states the contract."""
     best = np.zeros(units + 1, dtype=np.int64)
     for u in range(1, units + 1):
         top = best[u - 1]
@@ -27,9 +26,7 @@ def knapsack_layers(units: int, sizes: np.ndarray, value: np.ndarray) -> int:
 @njit(cache=True)
 def layers_within(units: np.ndarray, gu: np.ndarray, ngroups: np.ndarray,
                   longest: np.ndarray, depth: int) -> int:
-    """Most layers the islands' stages hold when a stage on group ``g`` of island ``k``
-    holds at most ``longest[k, g]`` layers: per island :func:`knapsack_layers` over its
-    groups within its ``units[k]`` granules, at most ``depth`` stages' worth, summed."""
+    """Compiled twin of `group_bounds.layers_within`, whose docstring states the contract."""
     total = 0
     for k in range(units.size):
         ng = ngroups[k]
@@ -70,26 +67,14 @@ def _min_plus(total: np.ndarray, island: np.ndarray) -> np.ndarray:
 @njit(cache=True)
 def cover_costs(tmin: np.ndarray, gu: np.ndarray, ngroups: np.ndarray, units: np.ndarray,
                 cap: float) -> np.ndarray:
-    """``F[l]``: a lower bound on the summed latency of any set of stages covering ``l`` layers
-    with every stage within ``cap``: each island's groups within its nodes, each stage at its
-    cheapest position with one micro-batch in flight (``tmin[k, g, d]``), islands not ordered,
-    no links.
-
-    Every plan's stages covering some ``l`` layers cost at least ``F[l]``: a per-island
-    knapsack over (nodes, layers), then a min-plus combination over the islands.
-    """
+    """Compiled twin of `group_bounds.cover_costs`, whose docstring states the contract."""
     return _cover(tmin, tmin[:, :, 0], gu, ngroups, units, cap, False)
 
 
 @njit(cache=True)
 def cover_costs_linear(tmin: np.ndarray, per_layer: np.ndarray, gu: np.ndarray,
                        ngroups: np.ndarray, units: np.ndarray, cap: float) -> np.ndarray:
-    """:func:`cover_costs` of stages whose latency is linear in their length,
-    ``tmin[k, g, d] = d · per_layer[k, g]`` (both given), in ``O(U · G · L)`` per island instead of
-    ``O(U · G · L²)``: a stage of group ``g`` added to the states of ``u`` nodes reaches ``l'``
-    layers at ``min over l' − D <= l < l'`` of ``f[u, l] + (l' − l) · a``, ``D`` its longest
-    slice within ``cap``, which is ``l' · a`` plus a sliding-window minimum of
-    ``f[u, l] − l · a`` (a monotone queue). The same values up to rounding."""
+    """Compiled twin of `group_bounds.cover_costs_linear`, whose docstring states the contract."""
     return _cover(tmin, per_layer, gu, ngroups, units, cap, True)
 
 

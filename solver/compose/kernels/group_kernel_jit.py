@@ -18,9 +18,7 @@ _FIRST, _MIDDLE, _LAST, _ONLY = 0, 1, 2, 3  # Position order
 @njit(cache=True)
 def level_latencies(lat: np.ndarray, it: np.ndarray, cap: np.ndarray, vcap: float,
                     held: np.ndarray, out: np.ndarray) -> None:
-    """``out[j, d]`` = least latency over options of length ``d`` with per-iteration time
-    ``<= vcap`` and capacity ``>= held[j]`` (``inf`` if none). ``lat``/``it``/``cap`` are
-    ``(L + 1, O)`` with options ordered by decreasing capacity."""
+    """Compiled twin of `group_kernel.level_latencies`, whose docstring states the contract."""
     levels, width = out.shape
     n_opt = lat.shape[1]
     for d in range(width):
@@ -286,11 +284,7 @@ def _close_blocks(new_x, new_w, masks, nmask, ngroups, units, new_live, new_rows
 @njit(cache=True)
 def drop_dominated(x: np.ndarray, units: np.ndarray, ngroups: np.ndarray,
                    nmask: np.ndarray, live: np.ndarray) -> None:
-    """Set to ``inf`` every open-block state ``X[k, mi, u, g, l]`` whose value is strictly above
-    that of the same state with fewer nodes used: whatever completes the one with more nodes
-    completes the other at the same cost (same front group, level and layers; budgets and the
-    use-all rule look at islands, not nodes). Provably safe; equal values are kept for the tie
-    rule. Only the rows ``live`` marks are read."""
+    """Compiled twin of `group_kernel.drop_dominated`, whose docstring states the contract."""
     best = np.empty(x.shape[3:])
     for k in range(x.shape[0]):
         for mi in range(nmask[k]):
@@ -310,9 +304,7 @@ def drop_dominated(x: np.ndarray, units: np.ndarray, ngroups: np.ndarray,
 @njit(cache=True)
 def prune(arr: np.ndarray, rest: np.ndarray, budget: float, scale: float = 0.0,
           t_bound: float = np.inf) -> int:
-    """Set states to ``inf`` (last axis ``l``) whose value ``v`` gives ``v + rest[l] > budget``
-    or ``v·(1 + scale) + rest[l] > t_bound``; returns ``1`` if a finite state is left plus
-    ``2`` if any was removed."""
+    """Compiled twin of `group_kernel.prune`, whose docstring states the contract."""
     flat = arr.reshape(-1, arr.shape[-1])
     alive, removed = 0, 0
     for i in range(flat.shape[0]):
@@ -330,8 +322,7 @@ def prune(arr: np.ndarray, rest: np.ndarray, budget: float, scale: float = 0.0,
 @njit(cache=True)
 def prune_rows(x: np.ndarray, live: np.ndarray, rest: np.ndarray, budget: float,
                scale: float = 0.0, t_bound: float = np.inf) -> int:
-    """:func:`prune` over the rows of ``x`` that ``live[k, mi, u]`` marks (the others hold no
-    state); a row left without a state is unmarked."""
+    """Compiled twin of `group_kernel.prune_rows`, whose docstring states the contract."""
     alive, removed = 0, 0
     for k in range(x.shape[0]):
         for mi in range(x.shape[1]):

@@ -86,9 +86,7 @@ def _runs(again: np.ndarray) -> list:
 
 def prune(arr: np.ndarray, rest: np.ndarray, budget: float, scale: float = 0.0,
           t_bound: float = _INF) -> int:
-    """Set states to ``inf`` (last axis ``l``) whose value ``v`` gives ``v + rest[l] > budget``
-    or ``v·(1 + scale) + rest[l] > t_bound``; returns ``1`` if a finite state is left plus
-    ``2`` if any was removed."""
+    """NumPy twin of `group_kernel.prune`, whose docstring states the contract."""
     finite = arr != _INF
     cut = finite & ((arr + rest > budget) | (arr * (1.0 + scale) + rest > t_bound))
     removed = bool(cut.any())

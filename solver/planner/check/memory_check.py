@@ -127,16 +127,31 @@ def recomputed(c, layers: int) -> int:
     return layers if k is None else min(k, layers)
 
 
-def substage_bytes(m: ModelSpec, seq: int, c, layers: int, emb: bool, head: bool, held: float,
-                   *, flash: bool, framework: Framework, fp8: bool, cf: float) -> float:
-    """Per-GPU bytes of one sub-stage running ``layers`` layers with configuration ``c``."""
-    dense_l, expert_l, largest = _params(m)
+def layer_weights(m: ModelSpec) -> tuple[float, float]:
+    """(dense, routed-expert) weights of one layer, from the shapes."""
+    dense_l, expert_l, _ = _params(m)
+    return dense_l, expert_l
+
+
+def held_params(m: ModelSpec, c, layers: int, emb: bool, head: bool) -> tuple[float, float]:
+    """Dense and routed-expert parameters one GPU of a sub-stage holds before ZeRO: its
+    layers' (dense ÷ tp, experts ÷ expert-tp·ep), the embedding and a learned position table on
+    the first, the final norm and the LM head on the last (only the norm where a tied head is
+    the embedding on the same stage)."""
+    dense_l, expert_l = layer_weights(m)
     vh = float(m.vocab * m.hidden)
     pos = float(m.max_positions * m.hidden) if m.position_embedding == "learned" else 0.0
     final_norm = m.hidden * (2.0 if m.normalization == "layernorm" else 1.0)
     head_params = (final_norm if emb and m.tied_embeddings else vh + final_norm) if head else 0.0
     dense = (layers * dense_l + (vh + pos if emb else 0.0) + head_params) / c.tp
-    expert = layers * expert_l / (c.etp * c.ep)
+    return dense, layers * expert_l / (c.etp * c.ep)
+
+
+def substage_bytes(m: ModelSpec, seq: int, c, layers: int, emb: bool, head: bool, held: float,
+                   *, flash: bool, framework: Framework, fp8: bool, cf: float) -> float:
+    """Per-GPU bytes of one sub-stage running ``layers`` layers with configuration ``c``."""
+    dense_l, expert_l, largest = _params(m)
+    dense, expert = held_params(m, c, layers, emb, head)
     q = c.dp * c.cp
     q_e = c.tp * c.cp * c.dp / (c.etp * c.ep)  # the expert-data-parallel group
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 import math
 
 from solver.cost.stage import StageConfig
+from solver.planner.check.memory_check import held_params, layer_weights
 from solver.planner.check.time_check_machine import ring, strided
-from solver.spec.domain import Framework, ModelSpec
+from solver.spec.domain import Framework
 
-__all__ = ["hide", "layer_weights", "sync"]
+__all__ = ["hide", "sync"]
 
 _WEIGHT, _GRAD = 2.0, 4.0  # bytes per parameter: 16-bit weights, fp32 gradients
 
@@ -27,28 +28,6 @@ _WEIGHT, _GRAD = 2.0, 4.0  # bytes per parameter: 16-bit weights, fp32 gradients
 def hide(comm: float, window: float, buckets: float) -> float:
     """Exposed part of a bucketed collective behind ``window`` seconds: the last bucket."""
     return max(comm - window * (1.0 - 1.0 / buckets), comm / buckets)
-
-
-def layer_weights(m: ModelSpec) -> tuple[float, float]:
-    """(dense, routed-expert) weights of one layer, from the shapes."""
-    h, d = m.hidden, m.d_head
-    mats = 3 if m.gated_mlp else 2
-    dense = 2 * h * m.heads * d + 2 * h * m.kv_heads * d + _norms_and_biases(m)
-    if not m.is_moe:
-        return float(dense + mats * h * m.ffn), 0.0
-    dense += h * m.experts + m.shared_experts * mats * h * m.expert_ffn
-    return float(dense), float(m.experts * mats * h * m.expert_ffn)
-
-
-def _norms_and_biases(m: ModelSpec) -> int:
-    """Norm vectors and linear biases of one layer, recounted from the architecture fields:
-    LayerNorm has a bias per weight; QKV biases; with ``bias`` the output projection and the
-    MLP's (fused gated ``fc1``: 2 f outputs) too."""
-    norms = (2 * m.hidden + (2 * m.d_head if m.qk_norm else 0)) \
-        * (2 if m.normalization == "layernorm" else 1)
-    qkv = (m.heads + 2 * m.kv_heads) * m.d_head if (m.qkv_bias or m.bias) else 0
-    rest = 2 * m.hidden + (2 if m.gated_mlp else 1) * m.ffn if m.bias else 0
-    return norms + qkv + rest
 
 
 def _module_latency(st, c: StageConfig, layers: int, emb: bool, head: bool,
@@ -92,12 +71,7 @@ def sync(st, c: StageConfig, layers: int, emb: bool, head: bool, fwd_work: float
     (``redone``: layers of the sub-stage fully recomputed)."""
     m, g, prof = st.model, st.gpu, st.profile
     dense_l, expert_l = layer_weights(m)
-    vh = float(m.vocab * m.hidden)
-    pos = float(m.max_positions * m.hidden) if m.position_embedding == "learned" else 0.0
-    final_norm = m.hidden * (2.0 if m.normalization == "layernorm" else 1.0)
-    head_w = (final_norm if emb and m.tied_embeddings else vh + final_norm) if head else 0.0
-    dense = (layers * dense_l + (vh + pos if emb else 0.0) + head_w) / c.tp
-    expert = layers * expert_l / (c.etp * c.ep)
+    dense, expert = held_params(m, c, layers, emb, head)
     q_d = c.dp * c.cp
     q_e = c.tp * c.cp * c.dp // (c.etp * c.ep)  # the expert-data-parallel group
     link_d, link_e = strided(g, c.tp, q_d), strided(g, c.etp * c.ep, q_e)

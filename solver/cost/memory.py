@@ -3,6 +3,8 @@
 Model states (Rajbhandari et al., "ZeRO", SC'20; Megatron-LM's mixed-precision layout):
 bf16 weights 2 B/param, fp32 main gradients 4 B/param (Megatron accumulates and reduces gradients
 in fp32 for bf16 training), fp32 Adam master weights + m + v 12 B/param: 18 B/param without ZeRO.
+A run with ``--grad-reduce-in-bf16`` keeps 2 B of gradient, one with ``--fp8-param-gather`` 1 B
+of FP8 weight (:func:`weight_bytes`); the planner plans with the defaults.
 ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the weights, over the
 ``dp * cp`` ranks holding the same weights (experts: over the expert-data-parallel group,
 ``tp * cp * dp / (expert_tp * ep)``). ZeRO-3 also holds a
@@ -35,6 +37,7 @@ OPTIMIZER_BYTES = 12.0  # fp32 master weights + Adam m + v
 LOGIT_BYTES = 4.0       # fp32 logits kept by the vocab-parallel cross entropy for its backward
 ZERO3_PREFETCH_LAYERS = 2.0  # gathered layers held by ZeRO-3 (current + prefetched)
 FP8_CACHE_BYTES = 2.0   # Transformer Engine's cached FP8 weight and its transpose, per param
+FP8_PARAM_BYTES = 1.0   # FP8 weights stored as the parameters (--fp8-param-gather)
 
 
 @dataclass(frozen=True)
@@ -206,8 +209,19 @@ def largest_matrix(model: ModelSpec) -> float:
     return float(max(h * (q + 2 * kv), up * h * width))
 
 
+def weight_bytes(fp8: bool, fp8_params: bool = False) -> float:
+    """Bytes per held parameter of the weights a GPU keeps: 16-bit weights, plus Transformer
+    Engine's FP8 copy and transpose under FP8; with ``fp8_params`` (Megatron-Core's
+    ``--fp8-param-gather``, Transformer Engine FP8 tensors as the model's parameters, the fp32
+    master in the distributed optimizer) the FP8 weights alone."""
+    if fp8 and fp8_params:
+        return FP8_PARAM_BYTES
+    return WEIGHT_BYTES + (FP8_CACHE_BYTES if fp8 else 0.0)
+
+
 def model_state_bytes(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,
-                      head: np.ndarray, zero3_per_module: bool = False, fp8: bool = False
+                      head: np.ndarray, zero3_per_module: bool = False, fp8: bool = False,
+                      grad_bytes: float = GRAD_BYTES, fp8_params: bool = False
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Weight, gradient and optimizer bytes per GPU under ZeRO (Rajbhandari et al. 2020).
 
@@ -215,7 +229,9 @@ def model_state_bytes(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, e
     FSDP's per-layer wrapping), or with ``zero3_per_module`` two of the largest weight matrices
     (DeepSpeed gathers submodule by submodule, prefetching the next). With ``fp8`` Transformer
     Engine keeps, beside the 16-bit weights, an FP8 copy and its transpose of every weight it
-    holds (``FP8_CACHE_BYTES``), reused across micro-batches.
+    holds (``FP8_CACHE_BYTES``), reused across micro-batches; :func:`weight_bytes` says what
+    ``fp8_params`` changes. ``grad_bytes``: the gradient buffer's bytes per parameter (4, fp32,
+    Megatron-LM's default for bf16; 2 with ``--grad-reduce-in-bf16``).
     """
     dense, expert = param_counts(model, cfg, layers, emb, head)
     q_dense = (cfg.dp * cfg.cp).astype(float)
@@ -233,8 +249,8 @@ def model_state_bytes(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, e
         gathered = np.minimum(layers, ZERO3_PREFETCH_LAYERS)
         prefetch = gathered * (lp.dense / cfg.tp + lp.expert / (expert_tp(cfg) * cfg.ep))
     live = sharded(3) + np.where(cfg.zero >= 3, prefetch, 0.0)
-    weights = WEIGHT_BYTES * live + (FP8_CACHE_BYTES * live if fp8 else 0.0)
-    return weights, GRAD_BYTES * sharded(2), OPTIMIZER_BYTES * sharded(1)
+    return (weight_bytes(fp8, fp8_params) * live, grad_bytes * sharded(2),
+            OPTIMIZER_BYTES * sharded(1))
 
 
 def activation_bytes(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: np.ndarray,
@@ -264,13 +280,14 @@ def activation_bytes(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: 
 def substage_memory(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: np.ndarray,
                     emb: np.ndarray, head: np.ndarray, in_flight: np.ndarray,
                     resident: float, flash: bool = True, zero3_per_module: bool = False,
-                    fp8: bool = False, capacity: float = 1.0) -> MemoryArrays:
+                    fp8: bool = False, capacity: float = 1.0, grad_bytes: float = GRAD_BYTES,
+                    fp8_params: bool = False) -> MemoryArrays:
     """Memory per GPU of a sub-stage with ``layers`` layers holding ``in_flight`` micro-batches
     (``flash``: FlashAttention, no stored scores; the last two as in :func:`model_state_bytes`).
     Activations are counted in 16 bits also with FP8 GEMMs (conservative: Transformer Engine
     may keep some GEMM inputs in FP8)."""
     weights, grads, optim = model_state_bytes(model, cfg, layers, emb, head, zero3_per_module,
-                                              fp8)
+                                              fp8, grad_bytes, fp8_params)
     acts, host = activation_bytes(model, seq_len, cfg, layers, head, in_flight, resident, flash,
                                   capacity, fp8)
     return MemoryArrays(weights, grads, optim, acts, host, FRAGMENTATION * acts)

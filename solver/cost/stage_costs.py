@@ -204,7 +204,7 @@ def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
     p2p = p2p_time(ti, cfg) * p2p_factor
     bwd_work = bwd.compute + bwd.recompute
     z_fwd, z_bwd, dp_s, optimizer = _zero_and_sync(ti, cfg, layers, emb, head, fwd.compute,
-                                                   bwd_work, share)
+                                                   bwd_work, share, fp8)
     flash = ti.attention_eff is not None
     cf = ti.calib.moe_capacity_factor
     stored = (stored_layer_bytes(stored_bytes_per_token(ti.model, ti.seq_len, flash, cf), cfg,
@@ -217,7 +217,8 @@ def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
                      np.maximum(copy - hidden * bwd_work, 0.0), p2p)
     per_module = ti.profile.framework is Framework.DEEPSPEED
     memory = substage_memory(ti.model, ti.seq_len, cfg, layers, emb, head, in_flight,
-                             ti.calib.offload_resident, flash, per_module, fp8, cf)
+                             ti.calib.offload_resident, flash, per_module, fp8, cf,
+                             ti.calib.main_grad_bytes, ti.calib.fp8_param_gather)
     return SubStageCosts(fwd, bwd, memory, dp_s, optimizer)
 
 
@@ -319,7 +320,8 @@ def island_substage_memory(model: ModelSpec, island: Island, seq_len: int, cfg: 
     return substage_memory(model, seq_len, cfg, layers, emb, head, in_flight,
                            calib.offload_resident, ti.attention_eff is not None,
                            runtime.framework is Framework.DEEPSPEED, _fp8(island, runtime),
-                           calib.moe_capacity_factor)
+                           calib.moe_capacity_factor, calib.main_grad_bytes,
+                           calib.fp8_param_gather)
 
 
 def in_flight_capacity(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from solver.cost.efficiency import ring_time
-from solver.cost.memory import GRAD_BYTES, WEIGHT_BYTES, param_counts
+from solver.cost.memory import param_counts, weight_bytes
 from solver.cost.stage import ConfigArrays, expert_tp
 from solver.cost.timing import TimeInputs
 from solver.spec.domain import ModelSpec
@@ -106,24 +106,26 @@ def _collectives(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.
 
 def _zero_and_sync(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,
                    head: np.ndarray, fwd_work: np.ndarray, bwd_work: np.ndarray,
-                   share: np.ndarray | float = 0.0
+                   share: np.ndarray | float = 0.0, fp8: bool = False
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Exposed per-micro-batch ZeRO-2/3 collectives (fwd, bwd), exposed per-iteration sync and
     the optimizer step of a sub-stage (the module docstring says what overlaps); ``share``:
-    the recomputed fraction of its layers."""
+    the recomputed fraction of its layers. Weights travel as stored (FP8 with
+    ``fp8_param_gather``, else 16-bit), gradients in the gradient buffer's type."""
     coll, steps, nb, local = _collectives(ti, cfg, layers, emb, head)
     z3, z2 = cfg.zero >= 3, cfg.zero == 2
-    gather = np.where(z3, coll(WEIGHT_BYTES) + steps, 0.0)
-    scatter = np.where(z3, coll(GRAD_BYTES) + steps, np.where(z2, coll(GRAD_BYTES), 0.0))
+    w_bytes = weight_bytes(True, True) if fp8 and ti.calib.fp8_param_gather else weight_bytes(False)
+    g_bytes = ti.calib.main_grad_bytes
+    gather = np.where(z3, coll(w_bytes) + steps, 0.0)
+    scatter = np.where(z3, coll(g_bytes) + steps, np.where(z2, coll(g_bytes), 0.0))
     again = regathered_share(ti, cfg, share)
     z_fwd, z_bwd = gather, gather * (1.0 + again) + scatter
     if ti.overlap:  # prefetched gathers, bucketed reduce-scatters (DeepSpeed, FSDP)
         hides = ti.calib.zero3_prefetch | ~z3  # 2021 DeepSpeed's ZeRO-3 waited for each
         z_fwd = np.where(hides, hide(z_fwd, fwd_work, nb), z_fwd)
         z_bwd = np.where(hides, hide(z_bwd, bwd_work, nb), z_bwd)
-    grads = np.where(cfg.zero == 0, coll(GRAD_BYTES, 2.0),
-                     np.where(z3 | z2, 0.0, coll(GRAD_BYTES)))
-    weights = np.where((cfg.zero >= 1) & ~z3, coll(WEIGHT_BYTES), 0.0)
+    grads = np.where(cfg.zero == 0, coll(g_bytes, 2.0), np.where(z3 | z2, 0.0, coll(g_bytes)))
+    weights = np.where((cfg.zero >= 1) & ~z3, coll(w_bytes), 0.0)
     if ti.profile.overlap_grad_reduce:
         grads = hide(grads, bwd_work, nb)
     if ti.profile.overlap_param_gather:

@@ -40,11 +40,14 @@ def test_independent_count_equals_the_vectorized_model(seed):
         flash, fp8 = bool(rng.integers(2)), bool(rng.integers(2))
         framework = Framework.DEEPSPEED if rng.integers(2) else Framework.MEGATRON_CORE
         cf = float(rng.choice([1.0, 1.25]))
+        grads, fp8_params = float(rng.choice([2.0, 4.0])), bool(rng.integers(2))
         mine = substage_bytes(m, 4096, c, layers, emb, head, held, flash=flash,
-                              framework=framework, fp8=fp8, cf=cf)
+                              framework=framework, fp8=fp8, cf=cf, grad_bytes=grads,
+                              fp8_params=fp8_params)
         model = substage_memory(m, 4096, ConfigArrays.of([c]), np.asarray(layers),
                                 np.asarray(emb), np.asarray(head), np.asarray(held), 1.0, flash,
-                                framework is Framework.DEEPSPEED, fp8, cf).total[0]
+                                framework is Framework.DEEPSPEED, fp8, cf, grads,
+                                fp8_params).total[0]
         assert mine == pytest.approx(model, rel=1e-12), (m.name, c, layers, emb, head, held)
 
 

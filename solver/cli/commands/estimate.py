@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-
 from solver.cli.report import emit_json
-from solver.cost.efficiency import DEFAULT_CALIBRATION
 from solver.cost.estimating.estimate import Estimate, EstimateSetup, estimate
 from solver.cost.estimating.estimate_config import load_estimate_setup
 from solver.cost.reserve import device_bytes, usable_bytes
@@ -23,8 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load the CONFIG, estimate, print."""
-    setup, attention = load_estimate_setup(args.config)
-    calib = dataclasses.replace(DEFAULT_CALIBRATION, attention=attention)
+    setup, calib = load_estimate_setup(args.config)
     result = estimate(setup, calib)
     if args.json:
         emit_json(result.to_json(), args)

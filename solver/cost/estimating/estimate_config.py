@@ -16,7 +16,12 @@ Format (TOML)::
     [training]
     global_batch = 512            # sequences per iteration
     seq_len = 8192
-    precision = "bf16"            # optional: bf16 | fp16 | fp8 (FP8 where the GPU has it)
+    precision = "bf16"            # optional: bf16 | fp16 | fp8 | fp8-cs | fp8-mx (FP8 where
+                                  #   the GPU has it)
+    grad_reduce = "fp32"          # optional: fp32 (Megatron-LM's default) | bf16 gradient
+                                  #   buffers (--grad-reduce-in-bf16)
+    fp8_param_gather = false      # optional: FP8 weights as the parameters (--fp8-param-gather;
+                                  #   an FP8 precision and zero >= 1)
 
     [parallel]
     tp = 8
@@ -45,7 +50,7 @@ from pathlib import Path
 
 import dataclasses
 
-from solver.cost.efficiency import AttentionKernel
+from solver.cost.efficiency import DEFAULT_CALIBRATION, AttentionKernel, Calibration
 from solver.cost.estimating.estimate import EstimateSetup
 from solver.cost.runtime.frameworks import interleaving_allowed, profile, violations
 from solver.cost.stage import StageConfig
@@ -54,10 +59,15 @@ from solver.spec.errors import InputError
 from solver.spec.fields import Fields, closest, read_toml
 from solver.spec.loaders import MAX_GPUS, load_catalog, load_model_ref
 
+#: Gradient-buffer bytes per parameter by ``grad_reduce`` (``fp32``: Megatron-LM's default for
+#: bf16; ``bf16``: ``--grad-reduce-in-bf16``).
+GRAD_BYTES = {"fp32": 4.0, "bf16": 2.0}
+
 
 def load_estimate_setup(path: Path | str, catalog: dict[str, GPUSpec] | None = None
-                        ) -> tuple[EstimateSetup, AttentionKernel]:
-    """The setup described by the CONFIG file, and its attention kernel."""
+                        ) -> tuple[EstimateSetup, Calibration]:
+    """The setup described by the CONFIG file, and the calibration it runs under (its attention
+    kernel, gradient-buffer type and FP8 weights)."""
     path = Path(path)
     catalog = catalog if catalog is not None else load_catalog()
     f = Fields(read_toml(path), str(path))
@@ -70,14 +80,24 @@ def load_estimate_setup(path: Path | str, catalog: dict[str, GPUSpec] | None = N
     global_batch = tf.get("global_batch", int, lo=1, hi=10**7)
     seq_len = tf.get("seq_len", int, lo=1, hi=10**7)
     precision = tf.get_enum("precision", Precision, Precision.BF16)
+    grads = tf.get("grad_reduce", str, "fp32")
+    tf.check("grad_reduce", grads in GRAD_BYTES, f'one of {", ".join(GRAD_BYTES)}, got "{grads}"')
+    fp8_params = tf.get("fp8_param_gather", bool, False)
+    tf.check("fp8_param_gather", not fp8_params or precision.value.startswith("fp8"),
+             f"FP8 weights need an FP8 precision, got {precision.value}")
     tf.done()
     pf = f.sub("parallel", required=True)
     setup, attention = _parallel(pf, model, island, global_batch, seq_len, epsilon)
     setup = dataclasses.replace(setup, framework=framework, precision=precision)
     _check_framework(pf, setup)
+    # Megatron-LM's validate_args: --fp8-param-gather needs the distributed optimizer or an FSDP.
+    tf.check("fp8_param_gather", not fp8_params or setup.parallel.zero >= 1,
+             "FP8 weights (--fp8-param-gather) need the distributed optimizer or FSDP (zero >= 1)")
     pf.done()
     f.done()
-    return setup, attention
+    calib = dataclasses.replace(DEFAULT_CALIBRATION, attention=attention,
+                                main_grad_bytes=GRAD_BYTES[grads], fp8_param_gather=fp8_params)
+    return setup, calib
 
 
 def _check_framework(f: Fields, setup: EstimateSetup) -> None:

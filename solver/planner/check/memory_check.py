@@ -148,8 +148,11 @@ def held_params(m: ModelSpec, c, layers: int, emb: bool, head: bool) -> tuple[fl
 
 
 def substage_bytes(m: ModelSpec, seq: int, c, layers: int, emb: bool, head: bool, held: float,
-                   *, flash: bool, framework: Framework, fp8: bool, cf: float) -> float:
-    """Per-GPU bytes of one sub-stage running ``layers`` layers with configuration ``c``."""
+                   *, flash: bool, framework: Framework, fp8: bool, cf: float,
+                   grad_bytes: float = _G, fp8_params: bool = False) -> float:
+    """Per-GPU bytes of one sub-stage running ``layers`` layers with configuration ``c``
+    (``grad_bytes``: 2 with bf16 gradient buffers, ``--grad-reduce-in-bf16``; ``fp8_params``:
+    ``--fp8-param-gather``, one byte per weight for the 16-bit weight and its FP8 cache)."""
     dense_l, expert_l, largest = _params(m)
     dense, expert = held_params(m, c, layers, emb, head)
     q = c.dp * c.cp
@@ -162,7 +165,8 @@ def substage_bytes(m: ModelSpec, seq: int, c, layers: int, emb: bool, head: bool
     if c.zero >= 3:
         live += (2.0 * largest / c.tp * min(layers, 1) if framework is Framework.DEEPSPEED
                  else min(layers, 2) * (dense_l / c.tp + expert_l / (c.etp * c.ep)))
-    states = _W * live + (_FP8 * live if fp8 else 0.0) + _G * held_states(2) + _O * held_states(1)
+    per_weight = 1.0 if fp8 and fp8_params else _W + (_FP8 if fp8 else 0.0)
+    states = per_weight * live + grad_bytes * held_states(2) + _O * held_states(1)
     tokens = c.micro_batch * seq / c.cp / c.tp
     in_hbm = min(held, 1.0) if c.offload else held
     redone = recomputed(c, layers)

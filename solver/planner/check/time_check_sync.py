@@ -22,7 +22,7 @@ from solver.spec.domain import Framework
 
 __all__ = ["hide", "sync"]
 
-_WEIGHT, _GRAD = 2.0, 4.0  # bytes per parameter: 16-bit weights, fp32 gradients
+_WEIGHT = 2.0  # bytes per parameter of the 16-bit weights
 
 
 def hide(comm: float, window: float, buckets: float) -> float:
@@ -86,14 +86,17 @@ def sync(st, c: StageConfig, layers: int, emb: bool, head: bool, fwd_work: float
     z3 = c.zero >= 3
     # ZeRO-3 runs one collective per module: coll() paid one ring latency per group.
     lag = _module_latency(st, c, layers, emb, head, link_d, link_e, expert > 0) if z3 else 0.0
-    gather = coll(_WEIGHT) + lag if z3 else 0.0
-    scatter = (coll(_GRAD) + lag) if z3 else (coll(_GRAD) if c.zero == 2 else 0.0)
+    # Weights travel as stored (FP8 with --fp8-param-gather), gradients in the buffer's type.
+    w = 1.0 if st.gpu.cast != (0.0, 0.0) and st.calib.fp8_param_gather else _WEIGHT
+    gb = st.calib.main_grad_bytes
+    gather = coll(w) + lag if z3 else 0.0
+    scatter = (coll(gb) + lag) if z3 else (coll(gb) if c.zero == 2 else 0.0)
     again = _gathered_again(st, c, dense_l, expert_l, redone / max(layers, 1)) if z3 else 0.0
     z_fwd, z_bwd = gather, gather * (1.0 + again) + scatter
     if st.overlap and (st.calib.zero3_prefetch or not z3):
         z_fwd, z_bwd = hide(z_fwd, fwd_work, nb), hide(z_bwd, bwd_work, nb)
-    grads = coll(_GRAD, 2.0) if c.zero == 0 else (coll(_GRAD) if c.zero == 1 else 0.0)
-    params = coll(_WEIGHT) if c.zero in (1, 2) else 0.0
+    grads = coll(gb, 2.0) if c.zero == 0 else (coll(gb) if c.zero == 1 else 0.0)
+    params = coll(w) if c.zero in (1, 2) else 0.0
     if st.overlap and prof.overlap_grad_reduce:
         grads = hide(grads, bwd_work, nb)
     if st.overlap and prof.overlap_param_gather:

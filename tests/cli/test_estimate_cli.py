@@ -125,6 +125,20 @@ def test_plain_output(tmp_path, capsys):
     assert "iteration time" in out and "MFU" in out and "pp_bubble" in out
 
 
+def test_fp8_mfu_says_which_peak(tmp_path, capsys):
+    """Under FP8 the MFU is of the 16-bit peak and the FP8 share is printed beside it: on an
+    H100 SXM (989 dense BF16, 1,979 dense FP8 TFLOP/s) the second is 989/1979 of the first."""
+    import re
+    fp8 = GOOD.replace('gpu = "A100-SXM-80GB"', 'gpu = "H100-SXM-80GB"').replace(
+        "seq_len = 4096", 'seq_len = 4096\nprecision = "fp8"')
+    _, out = run([write(tmp_path, fp8)], capsys)
+    got = re.search(r"MFU ([\d.]+)% of the 16-bit peak; ([\d.]+)% of the FP8 peak", out)
+    assert got, out
+    assert float(got[2]) == pytest.approx(float(got[1]) * 989 / 1979, abs=0.06)
+    _, plain = run([write(tmp_path, GOOD)], capsys)
+    assert "FP8 peak" not in plain
+
+
 def test_auto_micro_batch_and_fixed(tmp_path, capsys):
     _, auto = run([write(tmp_path, GOOD), "--json"], capsys)
     fixed_text = GOOD.replace('recompute = "selective"', 'recompute = "selective"\nmicro_batch = 2')

@@ -49,7 +49,7 @@ def _lines(setup: EstimateSetup, e: Estimate) -> list[str]:
         f"micro-batch {c.micro_batch} sequences per replica, {e.n_micro} micro-batches per iteration"
         + (" (chosen: fastest that fits)" if setup.auto_micro_batch else ""),
         f"iteration time {e.iteration_time_s:.3f} s, {e.tokens_per_s:,.0f} tokens/s, "
-        f"{e.tflops_per_gpu:.1f} TFLOP/s per GPU (MFU {e.mfu:.1%})",
+        f"{e.tflops_per_gpu:.1f} TFLOP/s per GPU (MFU {e.mfu:.1%}{_fp8_share(setup, e)})",
         f"memory per GPU (most loaded): params {m.params:.1f} GB, grads {m.grads:.1f} GB, "
         f"optimizer {m.optimizer:.1f} GB, activations {m.activations:.1f} GB, "
         f"allocator fragmentation {m.fragmentation:.1f} GB, total {m.total:.1f} GB "
@@ -66,3 +66,13 @@ def _lines(setup: EstimateSetup, e: Estimate) -> list[str]:
         for name, t in dataclasses.asdict(e.communication).items():
             lines.append(f"  {name:<10} {t['total_s']:10.3f} s -> {t['exposed_s']:8.3f} s")
     return lines
+
+
+def _fp8_share(setup: EstimateSetup, e: Estimate) -> str:
+    """Under FP8 the MFU above is of the 16-bit peak (the convention for mixed FP8 runs, where
+    attention and the LM head stay 16-bit); say so, with the share of the FP8 peak beside it."""
+    gpu = setup.island.gpu
+    if not gpu.runs_fp8(setup.precision):
+        return ""
+    return (f" of the 16-bit peak; {e.mfu * gpu.bf16_tflops / gpu.fp8_tflops:.1%} "
+            f"of the FP8 peak")

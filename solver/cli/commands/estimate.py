@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+
 from solver.cli.report import emit_json
 from solver.cost.estimating.estimate import Estimate, EstimateSetup, estimate
 from solver.cost.estimating.estimate_config import load_estimate_setup

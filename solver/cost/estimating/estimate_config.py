@@ -81,7 +81,8 @@ def load_estimate_setup(path: Path | str, catalog: dict[str, GPUSpec] | None = N
     seq_len = tf.get("seq_len", int, lo=1, hi=10**7)
     precision = tf.get_enum("precision", Precision, Precision.BF16)
     grads = tf.get("grad_reduce", str, "fp32")
-    tf.check("grad_reduce", grads in GRAD_REDUCE_BYTES, f'one of {", ".join(GRAD_REDUCE_BYTES)}, got "{grads}"')
+    tf.check("grad_reduce", grads in GRAD_REDUCE_BYTES,
+             f'one of {", ".join(GRAD_REDUCE_BYTES)}, got "{grads}"')
     fp8_params = tf.get("fp8_param_gather", bool, False)
     tf.check("fp8_param_gather", not fp8_params or precision.value.startswith("fp8"),
              f"FP8 weights need an FP8 precision, got {precision.value}")
@@ -96,7 +97,8 @@ def load_estimate_setup(path: Path | str, catalog: dict[str, GPUSpec] | None = N
     pf.done()
     f.done()
     calib = dataclasses.replace(DEFAULT_CALIBRATION, attention=attention,
-                                main_grad_bytes=GRAD_REDUCE_BYTES[grads], fp8_param_gather=fp8_params)
+                                main_grad_bytes=GRAD_REDUCE_BYTES[grads],
+                                fp8_param_gather=fp8_params)
     return setup, calib
 
 

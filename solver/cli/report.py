@@ -101,7 +101,9 @@ def job_json(job: JobSpec) -> dict[str, Any]:
             "model": job.model.name, "cluster": job.cluster.name,
             "gpus": job.cluster.total_gpus, "global_batch": t.global_batch, "seq_len": t.seq_len,
             "n_micro": "auto" if t.n_micro is None else t.n_micro,
-            "framework": job.planner.framework.value, "precision": t.precision.value}
+            "framework": job.planner.framework.value, "precision": t.precision.value,
+            "grad_reduce": "bf16" if t.grad_reduce_bf16 else "fp32",
+            "fp8_param_gather": t.fp8_param_gather}
 
 
 def island_rows(islands: Sequence[Island]) -> list[dict[str, Any]]:

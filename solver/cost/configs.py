@@ -162,7 +162,8 @@ def enumerate_configs(slc: ModelSlice, island: Island, ctx: PlanContext, feats: 
 
     With ``ctx.framework`` the features are met with its profile, row by row: a whole-model
     slice without internal pipelining is a single-stage plan, every other row is pipelined.
-    A configuration without replicas (``dp·cp = 1``) is enumerated once, as ZeRO-0.
+    A configuration without replicas (``dp·cp = 1``) is enumerated once, as ZeRO-0. FP8
+    weights (``ctx.fp8_param_gather``) keep only ZeRO ≥ 1 where there are replicas.
     """
     feats = feats if ctx.framework is None else feats.meet(framework_features(ctx.framework))
     base = np.array(_layouts(slc, island, ctx, feats), dtype=np.int64).reshape(-1, 6)
@@ -178,6 +179,8 @@ def enumerate_configs(slc: ModelSlice, island: Island, ctx: PlanContext, feats: 
         keep &= _zero_allowed(ctx.framework, g[:, 0], pp, slc.is_whole, feats.zero) | ~replicas
         if not slc.is_whole:  # a stage of a pipeline of several meshes
             keep &= multi_mesh_cp(ctx.framework, cp)
+    if ctx.fp8_param_gather:  # FP8 weights need the distributed optimizer (validate_args)
+        keep &= (g[:, 0] >= 1) | ~replicas
     zero = np.where(replicas, g[:, 0], 0)
     if ctx.constraints is not None:
         keep &= _constrained(ctx.constraints, b, zero, g, ctx.micro_batch // np.maximum(dp, 1))

@@ -122,21 +122,6 @@ class Calibration:
         gathers each called ``torch.cuda.synchronize()`` (PR #1188, October 2021: "the async
         version is not async at all"), so all of it was exposed. A fact of the software run,
         not fitted.
-    main_grad_bytes : float
-        Bytes per parameter of the gradient buffer, accumulated and reduced in its type: 4.0,
-        fp32, what Megatron-LM sets for bf16 (``validate_args`` in
-        ``megatron/training/arguments.py`` turns on ``accumulate_allreduce_grads_in_fp32``);
-        2.0 with ``--grad-reduce-in-bf16`` (Megatron-Bridge's ``ddp.grad_reduce_in_fp32 =
-        False``, which its performance scripts set). A setting of the run, not fitted.
-    fp8_param_gather : bool
-        Under FP8, the weights are stored as Transformer Engine FP8 tensors (Megatron-Core's
-        ``--fp8-param-gather``, with the distributed optimizer or FSDP): 1 byte per parameter
-        instead of the 16-bit weight and its FP8 cache, gathered in FP8
-        (:func:`~solver.cost.memory.weight_bytes`). A setting of the run, not fitted.
-
-    The planner plans with the defaults of the last two (Megatron-LM's; its memory pruning
-    bound of 18 B per parameter assumes them); ``tangram estimate`` and the fidelity report
-    may set them.
     """
 
     gemm_half_balance: float = 0.087
@@ -156,8 +141,6 @@ class Calibration:
     optimizer_bytes: float = 30.0
     moe_capacity_factor: float = 1.25
     zero3_prefetch: bool = True
-    main_grad_bytes: float = 4.0
-    fp8_param_gather: bool = False
 
 
 DEFAULT_CALIBRATION = Calibration()

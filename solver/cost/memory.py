@@ -4,7 +4,8 @@ Model states (Rajbhandari et al., "ZeRO", SC'20; Megatron-LM's mixed-precision l
 bf16 weights 2 B/param, fp32 main gradients 4 B/param (Megatron accumulates and reduces gradients
 in fp32 for bf16 training), fp32 Adam master weights + m + v 12 B/param: 18 B/param without ZeRO.
 A run with ``--grad-reduce-in-bf16`` keeps 2 B of gradient, one with ``--fp8-param-gather`` 1 B
-of FP8 weight (:func:`weight_bytes`); the planner plans with the defaults.
+of FP8 weight (:func:`weight_bytes`), where a job asks (``[training] grad_reduce``,
+``fp8_param_gather``).
 ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the weights, over the
 ``dp * cp`` ranks holding the same weights (experts: over the expert-data-parallel group,
 ``tp * cp * dp / (expert_tp * ep)``). ZeRO-3 also holds a
@@ -217,6 +218,15 @@ def weight_bytes(fp8: bool, fp8_params: bool = False) -> float:
     if fp8 and fp8_params:
         return FP8_PARAM_BYTES
     return WEIGHT_BYTES + (FP8_CACHE_BYTES if fp8 else 0.0)
+
+
+def least_state_bytes(grad_reduce_bf16: bool = False, fp8_param_gather: bool = False
+                      ) -> float:
+    """The fewest model-state bytes per parameter any configuration of a job holds, summed over
+    its GPUs (every state sharded once): weights (1 with FP8 weights, else 2), gradients (2 in
+    bf16, else 4) and Adam (12). 18 with Megatron-LM's defaults."""
+    return (weight_bytes(fp8_param_gather, fp8_param_gather)
+            + (2.0 if grad_reduce_bf16 else GRAD_BYTES) + OPTIMIZER_BYTES)
 
 
 def model_state_bytes(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,

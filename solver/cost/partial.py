@@ -58,6 +58,9 @@ class PlanContext:
     constraints : Constraints | None
         The user's per-stage limits (allowed tp, cp, ep, ZeRO, recomputation, offload,
         micro-batch); None: none.
+    grad_reduce_bf16, fp8_param_gather : bool
+        The job's gradient buffers and weights (:class:`~solver.cost.runtime.frameworks.
+        Runtime`); FP8 weights also restrict ZeRO to the distributed optimizer.
     """
 
     seq_len: int
@@ -72,11 +75,21 @@ class PlanContext:
     framework: Framework | None = None
     precision: Precision = Precision.BF16
     constraints: Constraints | None = None
+    grad_reduce_bf16: bool = False
+    fp8_param_gather: bool = False
 
     @property
     def runtime(self) -> Runtime:
         """What the cost model prices the stage under."""
-        return Runtime(self.framework or Framework.MEGATRON_CORE, self.precision)
+        return Runtime(self.framework or Framework.MEGATRON_CORE, self.precision,
+                       grad_reduce_bf16=self.grad_reduce_bf16,
+                       fp8_param_gather=self.fp8_param_gather)
+
+
+def state_types(job) -> dict:
+    """A job's gradient-buffer type and FP8 weights as :class:`PlanContext` keywords."""
+    return {"grad_reduce_bf16": job.training.grad_reduce_bf16,
+            "fp8_param_gather": job.training.fp8_param_gather}
 
 
 @dataclass(frozen=True)

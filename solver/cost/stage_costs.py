@@ -176,7 +176,8 @@ def _time_inputs(model: ModelSpec, island: Island, seq_len: int, calib: Calibrat
     head = GemmKernel.of(island, Precision.BF16, calib) if fp8 else None
     return TimeInputs(model, seq_len, peak, sixteen, GemmKernel.of(island, prec, calib), attention,
                       Links.of(island, calib), calib, runtime.profile, runtime.overlap, head,
-                      cast_bytes(island, prec, fp8))
+                      cast_bytes(island, prec, fp8), runtime.grad_bytes,
+                      fp8 and runtime.fp8_param_gather)
 
 
 def attention_fused(island: Island, calib: Calibration, runtime: Runtime) -> bool:
@@ -218,7 +219,7 @@ def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
     per_module = ti.profile.framework is Framework.DEEPSPEED
     memory = substage_memory(ti.model, ti.seq_len, cfg, layers, emb, head, in_flight,
                              ti.calib.offload_resident, flash, per_module, fp8, cf,
-                             ti.calib.main_grad_bytes, ti.calib.fp8_param_gather)
+                             ti.grad_bytes, ti.fp8_params)
     return SubStageCosts(fwd, bwd, memory, dp_s, optimizer)
 
 
@@ -320,8 +321,7 @@ def island_substage_memory(model: ModelSpec, island: Island, seq_len: int, cfg: 
     return substage_memory(model, seq_len, cfg, layers, emb, head, in_flight,
                            calib.offload_resident, ti.attention_eff is not None,
                            runtime.framework is Framework.DEEPSPEED, _fp8(island, runtime),
-                           calib.moe_capacity_factor, calib.main_grad_bytes,
-                           calib.fp8_param_gather)
+                           calib.moe_capacity_factor, ti.grad_bytes, ti.fp8_params)
 
 
 def in_flight_capacity(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays,

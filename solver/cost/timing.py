@@ -145,6 +145,11 @@ class TimeInputs:
     fp8_cast : tuple[float, float]
         HBM bytes per element of quantizing a GEMM operand to FP8, for an operand a norm kernel
         writes and for any other (:mod:`solver.cost.fp8_casts`); zeros without FP8.
+    grad_bytes : float
+        Bytes per parameter of the gradient buffer (:attr:`~solver.cost.runtime.frameworks.
+        Runtime.grad_bytes`).
+    fp8_params : bool
+        The weights are stored in FP8 (``--fp8-param-gather`` with FP8 GEMMs).
     """
 
     model: ModelSpec
@@ -159,6 +164,8 @@ class TimeInputs:
     overlap: bool = True
     head_gemm: GemmKernel | None = None
     fp8_cast: tuple[float, float] = (0.0, 0.0)
+    grad_bytes: float = 4.0
+    fp8_params: bool = False
 
 
 def tokens_per_gpu(cfg: ConfigArrays, seq_len: int) -> np.ndarray:

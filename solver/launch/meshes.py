@@ -130,7 +130,16 @@ def precision_flags(plan: Plan) -> dict[str, object]:
                                  f"{'MXFP8' if p is Precision.FP8_MX else 'FP8'} (plan with "
                                  "precision \"bf16\" for this cluster)")
         out.update(fp8_format="hybrid", fp8_recipe=p.fp8_recipe)
-    return out
+    return out | state_type_flags(plan)
+
+
+def state_type_flags(plan: Plan) -> dict[str, object]:
+    """``--grad-reduce-in-bf16`` and ``--fp8-param-gather`` where the job asks for them
+    (Megatron-LM's ``_add_mixed_precision_args`` and ``_add_transformer_engine_args``, both
+    present from ``core_v0.14.0``, the Megatron-LM FlagScale pins)."""
+    t = plan.job.training
+    return ({"grad_reduce_in_bf16": True} if t.grad_reduce_bf16 else {}) | \
+        ({"fp8_param_gather": True} if t.fp8_param_gather else {})
 
 
 def optimizer_flags(plan: Plan) -> dict[str, object]:
@@ -139,7 +148,9 @@ def optimizer_flags(plan: Plan) -> dict[str, object]:
     if zero - {0, 1}:
         raise NotExpressible(f"ZeRO {sorted(zero)}: Megatron's optimizer shards optimizer "
                              "states only (--use-distributed-optimizer, ZeRO-1)")
-    dist = 1 in zero
+    # FP8 weights need the distributed optimizer even where no stage has replicas to shard over
+    # (validate_args: "--fp8-param-gather only supported with distributed optimizer").
+    dist = 1 in zero or plan.job.training.fp8_param_gather
     return {"use_distributed_optimizer": dist, "overlap_grad_reduce": True,
             "overlap_param_gather": dist}
 

@@ -18,6 +18,7 @@ from dataclasses import replace
 from solver.compose.table import Position
 from solver.cost.runtime.frameworks import precision_problem
 from solver.cost.parallelizer import AnalyticParallelizer, PlanContext, best_plan
+from solver.cost.partial import state_types
 from solver.cost.stage import ModelSlice
 from solver.islands import IslandSet
 from solver.planner.micro import candidate_n_micro, plan_auto
@@ -69,7 +70,8 @@ def _oblivious(job: JobSpec, features: FeaturePreset) -> Plan:
     for n in ns:
         ctx = PlanContext(job.training.seq_len, job.training.global_batch // n, n, 1,
                           job.planner.epsilon, min(MAX_OBLIVIOUS_PP, job.model.layers), features,
-                          framework=job.planner.framework, precision=job.training.precision)
+                          framework=job.planner.framework, precision=job.training.precision,
+                          **state_types(job))
         plans = par.plan(ModelSlice.whole(job.model), island, ctx)
         calls += 1
         chosen = best_plan(plans, n)

@@ -18,7 +18,7 @@ import enum
 import math
 from dataclasses import dataclass
 
-from solver.cost.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
+from solver.cost.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, least_state_bytes
 from solver.cost.reserve import usable_bytes
 from solver.spec.domain import Island, ModelSpec, Precision, Pruning
 
@@ -147,8 +147,13 @@ def bound_window(islands: tuple[Island, ...], island: Island, layers: int, work:
     return (min(ok), max(ok)) if ok else (layers + 1, 0)
 
 
+def job_state_bytes(job) -> float:
+    """The job's fewest model-state bytes per parameter (its gradient buffers and weights)."""
+    return least_state_bytes(job.training.grad_reduce_bf16, job.training.fp8_param_gather)
+
+
 def memory_cap(model: ModelSpec, island: Island, epsilon: float, embedding: bool,
-               head: bool) -> int:
+               head: bool, state_bytes: float = STATE_BYTES_PER_PARAM) -> int:
     """Rule 3 (eq. 4), provably safe: the longest slice whose model state could fit at all.
 
     Whatever the configuration, the slice's weights, gradients and Adam state (18 B/param) are
@@ -157,9 +162,11 @@ def memory_cap(model: ModelSpec, island: Island, epsilon: float, embedding: bool
     bytes (:func:`~solver.cost.reserve.usable_bytes`: ``(1 − ε)`` of the device's memory less
     the runtime's reserves) cannot fit, and the parallelizer would return nothing for it. (The
     paper's eq. 4 counts only bf16 weights; the 1F1B in-flight activations are checked exactly
-    by the parallelizer for each position.)
+    by the parallelizer for each position.) ``state_bytes``: the job's fewest bytes per
+    parameter (:func:`~solver.cost.memory.least_state_bytes`: less than 18 with bf16 gradients
+    or FP8 weights).
     """
-    budget = usable_bytes(island, epsilon) * island.gpus / STATE_BYTES_PER_PARAM
+    budget = usable_bytes(island, epsilon) * island.gpus / state_bytes
     extra = (model.embedding_params if embedding else 0) + (model.head_params if head else 0)
     room = budget - extra
     return max(0, min(model.layers, math.floor(room / model.params_per_layer)))

@@ -35,12 +35,20 @@ class TrainingSpec:
         Micro-batches per iteration; ``None`` means ``"auto"`` (chosen by the planner).
     precision : Precision
         GEMM precision (``bf16`` default).
+    grad_reduce_bf16 : bool
+        ``grad_reduce = "bf16"``: gradient buffers in bf16 (``--grad-reduce-in-bf16``);
+        default fp32, Megatron-LM's for bf16 training.
+    fp8_param_gather : bool
+        FP8 weights as the parameters (``--fp8-param-gather``; an FP8 precision, and the
+        distributed optimizer on every stage).
     """
 
     global_batch: int
     seq_len: int
     n_micro: int | None = None
     precision: "Precision" = None  # type: ignore[assignment]
+    grad_reduce_bf16: bool = False
+    fp8_param_gather: bool = False
 
     def __post_init__(self) -> None:
         if self.precision is None:

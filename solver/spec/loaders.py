@@ -377,8 +377,24 @@ def _training(f: Fields) -> TrainingSpec:
     else:
         raise f.error("n_micro", f"must be \"auto\" or an integer in 1..global_batch ({gb}), got {raw!r}")
     precision = f.get_enum("precision", Precision, Precision.BF16)
+    grads_bf16, fp8_params = read_state_types(f, precision)
     f.done()
-    return TrainingSpec(gb, seq, n, precision)
+    return TrainingSpec(gb, seq, n, precision, grads_bf16, fp8_params)
+
+
+def read_state_types(f: Fields, precision: Precision) -> tuple[bool, bool]:
+    """``grad_reduce`` ("fp32" | "bf16") and ``fp8_param_gather`` of a ``[training]`` table:
+    Megatron-LM's ``--grad-reduce-in-bf16`` and ``--fp8-param-gather``; FP8 weights need an
+    FP8 precision (``validate_args`` in ``megatron/training/arguments.py``)."""
+    grads = f.get("grad_reduce", str, "fp32")
+    f.check("grad_reduce", grads in ("fp32", "bf16"), f'one of fp32, bf16, got "{grads}"')
+    f.check("grad_reduce", grads == "fp32" or precision is not Precision.FP16,
+            "bf16 gradient buffers need bf16 training (Megatron reads --grad-reduce-in-bf16 "
+            "only with --bf16)")
+    fp8_params = f.get("fp8_param_gather", bool, False)
+    f.check("fp8_param_gather", not fp8_params or precision.is_fp8,
+            f"FP8 weights need an FP8 precision, got {precision.value}")
+    return grads == "bf16", fp8_params
 
 
 def _planner(f: Fields) -> PlannerOptions:

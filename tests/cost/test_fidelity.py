@@ -14,7 +14,8 @@ import pytest
 from solver.cost.fidelity import evaluate_row, load_rows, summarize
 from solver.cost.fidelity.rows import DEV_SET
 from solver.cost.fidelity.__main__ import main
-from solver.cost.fidelity.evaluate import calibration_of, framework_of, model_of, refusal
+from solver.cost.fidelity.evaluate import (calibration_of, framework_of, model_of, refusal,
+                                           setups)
 from solver.cost.efficiency import AttentionKernel
 from solver.cost.stage import StageConfig
 from solver.spec.domain import Framework
@@ -114,10 +115,12 @@ def test_row_text_fixes_2021_zero3():
 def test_bridge_rows_run_bf16_gradients_and_fp8_weights():
     """Megatron-Bridge's performance scripts set ``ddp.grad_reduce_in_fp32 = False`` and, for
     FP8, ``fp8_param_gather = True``; Megatron-LM's own table keeps its fp32 default."""
-    bridge = calibration_of(ROWS["bridge-gb300-llama3.1-405b-fp8"])
-    assert (bridge.main_grad_bytes, bridge.fp8_param_gather) == (2.0, True)
-    mcore = calibration_of(ROWS["mcore-h100-462B"])
-    assert (mcore.main_grad_bytes, mcore.fp8_param_gather) == (4.0, False)
+    bridge = setups(ROWS["bridge-gb300-llama3.1-405b-fp8"], CATALOG, 0.0)[0][0].runtime
+    assert (bridge.grad_bytes, bridge.fp8_param_gather) == (2.0, True)
+    moe = setups(ROWS["bridge-gb300-gptoss-120b-bf16"], CATALOG, 0.0)[0][0].runtime
+    assert (moe.grad_bytes, moe.fp8_param_gather) == (2.0, False)  # bf16: no FP8 weights
+    mcore = setups(ROWS["mcore-h100-462B"], CATALOG, 0.0)[0][0].runtime
+    assert (mcore.grad_bytes, mcore.fp8_param_gather) == (4.0, False)
 
 
 def test_bridge_405b_on_gb300_fits_without_recomputation():

@@ -29,7 +29,6 @@ CAT = load_catalog()
 # Two layers of 12 h^2 + 2 h weights (h = 1024, GELU MLP, RMSNorm): 12,584,960 parameters.
 TINY = ModelSpec("tiny", layers=2, hidden=1024, ffn=4096, heads=16, kv_heads=16, vocab=32000,
                  gated_mlp=False)
-BRIDGE = dataclasses.replace(DEFAULT_CALIBRATION, main_grad_bytes=2.0, fp8_param_gather=True)
 
 
 def test_weight_bytes_by_hand():
@@ -63,7 +62,8 @@ def test_traffic_halves_with_the_bytes():
     args = (cfg, np.array([2]), np.array([False]), np.array([False]), np.array([1.0]),
             np.array([1.0]), 0.0, True)
     base = _time_inputs(TINY, island, 1024, DEFAULT_CALIBRATION, runtime)
-    bridge = _time_inputs(TINY, island, 1024, BRIDGE, runtime)
+    bridge = _time_inputs(TINY, island, 1024, DEFAULT_CALIBRATION, dataclasses.replace(
+        runtime, grad_reduce_bf16=True, fp8_param_gather=True))
     fwd0, bwd0 = (float(x[0]) for x in _zero_and_sync(base, *args)[:2])
     fwd1, bwd1 = (float(x[0]) for x in _zero_and_sync(bridge, *args)[:2])
     _, lat = base.links.data_parallel(1, 8)
@@ -77,13 +77,15 @@ def test_traffic_halves_with_the_bytes():
 def test_validator_agrees_under_bridge_settings(zero):
     """The independent time check prices the same traffic under Bridge's settings."""
     island = Island.homogeneous("b", CAT["B200"], 16)
-    runtime = Runtime(Framework.MEGATRON_CORE if zero < 3 else Framework.FSDP, Precision.FP8)
+    runtime = Runtime(Framework.MEGATRON_CORE if zero < 3 else Framework.FSDP, Precision.FP8,
+                      grad_reduce_bf16=True, fp8_param_gather=True)
     c = StageConfig(tp=2, dp=8, zero=zero, micro_batch=2)
     slc = ModelSlice(TINY, 2, True, True)
     costs = stage_costs(slc, island, 1024, ConfigArrays.of([c]), PipelineSetting(4, 1),
-                        BRIDGE, runtime)
-    subs, per_iter = stage_seconds(TINY, 1024, island, c, 2, True, True, calib=BRIDGE,
-                                   profile=runtime.profile, precision=Precision.FP8)
+                        DEFAULT_CALIBRATION, runtime)
+    subs, per_iter = stage_seconds(TINY, 1024, island, c, 2, True, True,
+                                   profile=runtime.profile, precision=Precision.FP8,
+                                   grad_bytes=2.0, fp8_params=True)
     assert subs[0] == pytest.approx(float(costs.latency_s[0]), rel=1e-9)
     assert per_iter == pytest.approx(float(costs.iteration_s[0]), rel=1e-9)
 
@@ -99,15 +101,15 @@ def _estimate_file(tmp_path, training: str, zero: int = 1):
 
 
 def test_estimate_file_reads_the_settings(tmp_path):
-    """``grad_reduce`` and ``fp8_param_gather`` reach the calibration ``tangram estimate`` uses;
+    """``grad_reduce`` and ``fp8_param_gather`` reach the runtime ``tangram estimate`` prices;
     absent, Megatron-LM's defaults (fp32 gradients, 16-bit weights)."""
     from solver.cost.estimating.estimate_config import load_estimate_setup
-    _, calib = load_estimate_setup(_estimate_file(tmp_path, ""))
-    assert (calib.main_grad_bytes, calib.fp8_param_gather) == (4.0, False)
+    setup, _ = load_estimate_setup(_estimate_file(tmp_path, ""))
+    assert (setup.runtime.grad_bytes, setup.runtime.fp8_param_gather) == (4.0, False)
     path = _estimate_file(tmp_path, 'precision = "fp8"\ngrad_reduce = "bf16"\n'
                           'fp8_param_gather = true')
-    _, calib = load_estimate_setup(path)
-    assert (calib.main_grad_bytes, calib.fp8_param_gather) == (2.0, True)
+    setup, _ = load_estimate_setup(path)
+    assert (setup.runtime.grad_bytes, setup.runtime.fp8_param_gather) == (2.0, True)
 
 
 @pytest.mark.parametrize("training, zero, key", [

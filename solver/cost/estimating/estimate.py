@@ -63,6 +63,9 @@ class EstimateSetup:
         Choose the fastest fitting number of model chunks ``v`` (``virtual_stages = "auto"``):
         ``v = 1`` is plain 1F1B, ``v >= 2`` the interleaved schedule, Megatron's rules applied
         (layers divisible by ``pp v``, micro-batches by ``pp``).
+    grad_reduce_bf16, fp8_param_gather : bool
+        Gradient buffers in bf16 and FP8 weights as the parameters
+        (:class:`~solver.cost.runtime.frameworks.Runtime`).
     """
 
     model: ModelSpec
@@ -77,11 +80,14 @@ class EstimateSetup:
     framework: Framework = Framework.MEGATRON_CORE
     precision: Precision = Precision.BF16
     auto_virtual_stages: bool = False
+    grad_reduce_bf16: bool = False
+    fp8_param_gather: bool = False
 
     @property
     def runtime(self) -> Runtime:
-        """Framework and precision."""
-        return Runtime(self.framework, self.precision)
+        """Framework, precision, gradient buffers and weights."""
+        return Runtime(self.framework, self.precision, grad_reduce_bf16=self.grad_reduce_bf16,
+                       fp8_param_gather=self.fp8_param_gather)
 
 
 @dataclass(frozen=True)

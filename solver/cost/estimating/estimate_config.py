@@ -57,11 +57,7 @@ from solver.cost.stage import StageConfig
 from solver.spec.domain import Framework, GPUSpec, Island, ModelSpec, Precision, Recompute, Schedule
 from solver.spec.errors import InputError
 from solver.spec.fields import Fields, closest, read_toml
-from solver.spec.loaders import MAX_GPUS, load_catalog, load_model_ref
-
-#: Gradient-buffer bytes per parameter by ``grad_reduce`` (``fp32``: Megatron-LM's default for
-#: bf16; ``bf16``: ``--grad-reduce-in-bf16``).
-GRAD_REDUCE_BYTES = {"fp32": 4.0, "bf16": 2.0}
+from solver.spec.loaders import MAX_GPUS, load_catalog, load_model_ref, read_state_types
 
 
 def load_estimate_setup(path: Path | str, catalog: dict[str, GPUSpec] | None = None
@@ -80,26 +76,19 @@ def load_estimate_setup(path: Path | str, catalog: dict[str, GPUSpec] | None = N
     global_batch = tf.get("global_batch", int, lo=1, hi=10**7)
     seq_len = tf.get("seq_len", int, lo=1, hi=10**7)
     precision = tf.get_enum("precision", Precision, Precision.BF16)
-    grads = tf.get("grad_reduce", str, "fp32")
-    tf.check("grad_reduce", grads in GRAD_REDUCE_BYTES,
-             f'one of {", ".join(GRAD_REDUCE_BYTES)}, got "{grads}"')
-    fp8_params = tf.get("fp8_param_gather", bool, False)
-    tf.check("fp8_param_gather", not fp8_params or precision.value.startswith("fp8"),
-             f"FP8 weights need an FP8 precision, got {precision.value}")
+    grads_bf16, fp8_params = read_state_types(tf, precision)
     tf.done()
     pf = f.sub("parallel", required=True)
     setup, attention = _parallel(pf, model, island, global_batch, seq_len, epsilon)
-    setup = dataclasses.replace(setup, framework=framework, precision=precision)
+    setup = dataclasses.replace(setup, framework=framework, precision=precision,
+                                grad_reduce_bf16=grads_bf16, fp8_param_gather=fp8_params)
     _check_framework(pf, setup)
     # Megatron-LM's validate_args: --fp8-param-gather needs the distributed optimizer or an FSDP.
     tf.check("fp8_param_gather", not fp8_params or setup.parallel.zero >= 1,
              "FP8 weights (--fp8-param-gather) need the distributed optimizer or FSDP (zero >= 1)")
     pf.done()
     f.done()
-    calib = dataclasses.replace(DEFAULT_CALIBRATION, attention=attention,
-                                main_grad_bytes=GRAD_REDUCE_BYTES[grads],
-                                fp8_param_gather=fp8_params)
-    return setup, calib
+    return setup, dataclasses.replace(DEFAULT_CALIBRATION, attention=attention)
 
 
 def _check_framework(f: Fields, setup: EstimateSetup) -> None:

@@ -177,7 +177,8 @@ def setups(row: RunRow, catalog: dict[str, GPUSpec], epsilon: float
                          schedule=Schedule.INTERLEAVED if interleaved else Schedule.ONE_F_ONE_B,
                          virtual_stages=row.vp if interleaved else 1, epsilon=epsilon,
                          framework=fw, precision=precision_of(row.precision),
-                         auto_virtual_stages=row.vp is None and row.pp > 1)
+                         auto_virtual_stages=row.vp is None and row.pp > 1,
+                         **_state_types(row))
            for rc, k in _recomputes(row, fw)]
     return out, note
 
@@ -191,6 +192,19 @@ def _block(k: int | None) -> dict:
 BRIDGE_SOURCE = "Megatron-Bridge docs/performance-summary.md"
 
 
+def _state_types(row: RunRow) -> dict:
+    """The gradient buffers and weights the row's software kept. Megatron-Bridge's performance
+    summary ran its performance scripts (``scripts/performance``, at 97ad8cc6 for the 25.11
+    table): every model's common settings set ``ddp.grad_reduce_in_fp32 = False`` (bf16
+    gradient buffers), and its FP8 precisions (``utils/precision.py``:
+    ``bf16_with_fp8_current_scaling_mixed``, ``bf16_with_mxfp8_mixed``) set
+    ``fp8_param_gather = True``. Every other source ran Megatron-LM's defaults."""
+    if BRIDGE_SOURCE not in row.source:
+        return {}
+    return {"grad_reduce_bf16": True,
+            "fp8_param_gather": precision_of(row.precision).is_fp8}
+
+
 def calibration_of(row: RunRow) -> Calibration:
     """What the row's own text fixes about the software it ran, the same rule for every row.
 
@@ -201,12 +215,6 @@ def calibration_of(row: RunRow) -> Calibration:
     - Benchmarks that state force-balanced, dropless routing send every expert rank exactly its
       balanced share: the busiest rank's load factor is 1, not the capacity factor of a
       learned router.
-    - Megatron-Bridge's performance summary ran its performance scripts
-      (``scripts/performance``, at 97ad8cc6 for the 25.11 table): every model's common settings
-      set ``ddp.grad_reduce_in_fp32 = False`` (bf16 gradient buffers), and its FP8 precisions
-      (``utils/precision.py``: ``bf16_with_fp8_current_scaling_mixed``,
-      ``bf16_with_mxfp8_mixed``) set ``fp8_param_gather = True`` (FP8 weights as the
-      parameters).
     """
     calib = DEFAULT_CALIBRATION
     if "SC'21" in row.source:
@@ -214,8 +222,6 @@ def calibration_of(row: RunRow) -> Calibration:
                                     zero3_prefetch=False)
     if row.experts and "force-balanced" in row.notes:
         calib = dataclasses.replace(calib, moe_capacity_factor=1.0)
-    if BRIDGE_SOURCE in row.source:
-        calib = dataclasses.replace(calib, main_grad_bytes=2.0, fp8_param_gather=True)
     return calib
 
 
@@ -241,9 +247,9 @@ def evaluate_row(row: RunRow, catalog: dict[str, GPUSpec], epsilon: float = 0.0)
                  if getattr(est.config, "recompute_layers", None) else "")]
     if calib.attention is AttentionKernel.UNFUSED:
         chosen.append("unfused attention (2021)")
-    if calib.main_grad_bytes != DEFAULT_CALIBRATION.main_grad_bytes:
+    if tries[0].grad_reduce_bf16:
         chosen.append("bf16 gradients")
-    if calib.fp8_param_gather and row.precision.startswith("fp8"):
+    if tries[0].fp8_param_gather:
         chosen.append("FP8 weights")
     priced = ", ".join(chosen + ([note] if note else []))
     return RowResult(row.id, measured, est.iteration_time_s, est.memory.total, est.fits, priced)

@@ -118,11 +118,28 @@ class Runtime:
     overlap : bool
         Price overlap as the framework schedules it; False exposes every transfer (what
         ``tangram estimate`` reports as each term's total).
+    grad_reduce_bf16 : bool
+        Gradient buffers accumulated and reduced in bf16 (``--grad-reduce-in-bf16``; Megatron-
+        Bridge's ``ddp.grad_reduce_in_fp32 = False``): 2 bytes per parameter instead of the
+        fp32 4 that Megatron-LM sets for bf16 (``validate_args`` in
+        ``megatron/training/arguments.py`` turns on ``accumulate_allreduce_grads_in_fp32``).
+    fp8_param_gather : bool
+        Under FP8, the weights are stored as Transformer Engine FP8 tensors
+        (``--fp8-param-gather``, which Megatron-LM allows only with the distributed optimizer or
+        an FSDP, ``validate_args``): 1 byte per parameter instead of the 16-bit weight and its
+        FP8 cache, gathered in FP8 (:func:`~solver.cost.memory.weight_bytes`).
     """
 
     framework: Framework = Framework.MEGATRON_CORE
     precision: Precision = Precision.BF16
     overlap: bool = True
+    grad_reduce_bf16: bool = False
+    fp8_param_gather: bool = False
+
+    @property
+    def grad_bytes(self) -> float:
+        """Bytes per parameter of the gradient buffer (2 in bf16, else 4: fp32)."""
+        return 2.0 if self.grad_reduce_bf16 else 4.0
 
     @property
     def profile(self) -> FrameworkProfile:
@@ -136,8 +153,10 @@ class Runtime:
 
 def job_runtime(job) -> Runtime:
     """The runtime a job's plans are priced under (``[planner] framework``, ``[training]
-    precision``)."""
-    return Runtime(job.planner.framework, job.training.precision)
+    precision``, ``grad_reduce`` and ``fp8_param_gather``)."""
+    t = job.training
+    return Runtime(job.planner.framework, t.precision, grad_reduce_bf16=t.grad_reduce_bf16,
+                   fp8_param_gather=t.fp8_param_gather)
 
 
 def profile(framework: Framework) -> FrameworkProfile:

@@ -197,7 +197,9 @@ def plan_memory_gb(plan, cf: float, flash_by_stage: list[bool]) -> list[float]:
             held = held_micro_batches(j0 + j, depth, n, v)
             worst = max(worst, substage_bytes(
                 job.model, job.training.seq_len, c, count, emb, head, held, flash=flash,
-                framework=job.planner.framework, fp8=fp8, cf=cf))
+                framework=job.planner.framework, fp8=fp8, cf=cf,
+                grad_bytes=2.0 if job.training.grad_reduce_bf16 else _G,
+                fp8_params=job.training.fp8_param_gather))
         out.append(worst / 1e9)
         j0 += c.pp
     return out

@@ -68,6 +68,8 @@ class _Setup(NamedTuple):
     calib: Calibration
     overlap: bool
     profile: FrameworkProfile
+    grad_bytes: float = 4.0      # gradient buffer bytes per parameter (2: bf16)
+    fp8_params: bool = False     # weights stored in FP8 (--fp8-param-gather)
 
 
 def _gemm(st: _Setup, flops: float, m: float, n: float, k: float,
@@ -207,10 +209,11 @@ def _stored_per_token(st: _Setup, rc: Recompute) -> float:
     return float(attn + 4 * h + 4 * m.experts + routed + m.shared_experts * inter * m.expert_ffn)
 
 
-def _setup(model, seq_len, island, calib, profile, precision, overlap) -> _Setup:
+def _setup(model, seq_len, island, calib, profile, precision, overlap,
+           grad_bytes: float = 4.0, fp8_params: bool = False) -> _Setup:
     """Everything the formulas read besides the configuration."""
     gpu = machine(island, precision, calib, profile.unfused_attention)
-    return _Setup(model, seq_len, gpu, calib, overlap, profile)
+    return _Setup(model, seq_len, gpu, calib, overlap, profile, grad_bytes, fp8_params)
 
 
 def _substage(st: _Setup, c: StageConfig, layers: int, emb: bool, head: bool,
@@ -250,7 +253,8 @@ def substage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageC
                      layers: int, emb: bool, head: bool, *,
                      calib: Calibration = DEFAULT_CALIBRATION, profile: FrameworkProfile,
                      precision: Precision = Precision.BF16, overlap: bool = True,
-                     p2p_factor: float = 1.0) -> tuple[float, float, float]:
+                     p2p_factor: float = 1.0, grad_bytes: float = 4.0,
+                     fp8_params: bool = False) -> tuple[float, float, float]:
     """Seconds of one internal sub-stage running ``layers`` layers under ``cfg``.
 
     Parameters
@@ -273,6 +277,9 @@ def substage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageC
         Price overlap as scheduled (False: every transfer exposed, every profile overlap off).
     p2p_factor : float
         Boundaries a micro-batch crosses per sub-stage and pass (``v`` when interleaved).
+    grad_bytes, fp8_params : float, bool
+        Gradient-buffer bytes per parameter (2 with ``--grad-reduce-in-bf16``) and FP8 weights
+        (``--fp8-param-gather``): what the data-parallel collectives move.
 
     Returns
     -------
@@ -280,7 +287,8 @@ def substage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageC
         Forward plus backward seconds per micro-batch, exposed data-parallel sync seconds per
         iteration, optimizer-step seconds per iteration.
     """
-    st = _setup(model, seq_len, island, calib, profile, precision, overlap)
+    st = _setup(model, seq_len, island, calib, profile, precision, overlap, grad_bytes,
+               fp8_params)
     return _substage(st, cfg, layers, emb, head, p2p_factor)
 
 
@@ -288,7 +296,8 @@ def stage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageConf
                   layers: int, has_embedding: bool, has_head: bool, *,
                   calib: Calibration = DEFAULT_CALIBRATION, profile: FrameworkProfile,
                   precision: Precision = Precision.BF16, overlap: bool = True,
-                  p2p_factor: float = 1.0) -> tuple[list[float], float]:
+                  p2p_factor: float = 1.0, grad_bytes: float = 4.0,
+                  fp8_params: bool = False) -> tuple[list[float], float]:
     """Latency of each of the stage's ``cfg.pp`` sub-stages and its per-iteration seconds.
 
     Layers split as :func:`~solver.planner.check.memory_check.layer_counts`; the embedding sits on the
@@ -301,7 +310,8 @@ def stage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageConf
     tuple[list[float], float]
         Per-micro-batch seconds of every sub-stage in order, per-iteration seconds.
     """
-    st = _setup(model, seq_len, island, calib, profile, precision, overlap)
+    st = _setup(model, seq_len, island, calib, profile, precision, overlap, grad_bytes,
+                fp8_params)
     latencies, per_iteration = [], 0.0
     for j, count in enumerate(layer_counts(layers, cfg.pp)):
         lat, dp_s, opt_s = _substage(st, cfg, count, has_embedding and j == 0,
@@ -326,5 +336,6 @@ def plan_stage_seconds(plan, calib: Calibration = DEFAULT_CALIBRATION
             job.model, job.training.seq_len, s.group, s.plan.config, s.end - s.start,
             s.start == 0, s.end == job.model.layers, calib=calib, profile=runtime.profile,
             precision=runtime.precision, overlap=runtime.overlap,
-            p2p_factor=float(plan.virtual_stages)))
+            p2p_factor=float(plan.virtual_stages), grad_bytes=runtime.grad_bytes,
+            fp8_params=runtime.fp8_param_gather))
     return out

@@ -87,8 +87,8 @@ def sync(st, c: StageConfig, layers: int, emb: bool, head: bool, fwd_work: float
     # ZeRO-3 runs one collective per module: coll() paid one ring latency per group.
     lag = _module_latency(st, c, layers, emb, head, link_d, link_e, expert > 0) if z3 else 0.0
     # Weights travel as stored (FP8 with --fp8-param-gather), gradients in the buffer's type.
-    w = 1.0 if st.gpu.cast != (0.0, 0.0) and st.calib.fp8_param_gather else _WEIGHT
-    gb = st.calib.main_grad_bytes
+    w = 1.0 if st.gpu.cast != (0.0, 0.0) and st.fp8_params else _WEIGHT
+    gb = st.grad_bytes
     gather = coll(w) + lag if z3 else 0.0
     scatter = (coll(gb) + lag) if z3 else (coll(gb) if c.zero == 2 else 0.0)
     again = _gathered_again(st, c, dense_l, expert_l, redone / max(layers, 1)) if z3 else 0.0

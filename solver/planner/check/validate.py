@@ -170,6 +170,9 @@ def _config(s, job: JobSpec, n: int) -> list[str]:
         out.append(f"n_micro {n} does not divide the global batch {job.training.global_batch}")
     if job.training.seq_len % c.cp:
         out.append(f"{name}: cp {c.cp} does not divide the sequence")
+    if job.training.fp8_param_gather and c.dp * c.cp > 1 and c.zero < 1:
+        out.append(f"{name}: FP8 weights (--fp8-param-gather) need the distributed optimizer, "
+                   f"got ZeRO-{c.zero} (Megatron-LM validate_args)")
     return out
 
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 from typing import Iterator, Sequence
 
 from solver.cost.efficiency import Calibration
-from solver.cost.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
 from solver.cost.reserve import gpu_usable_bytes
 from solver.planner.stages.candidates import MAX_AUTO_MICRO
 from solver.planner.bounds.floors import pipeline_floor
+from solver.planner.pruning import job_state_bytes
 from solver.planner.replica.replica_plan import allreduce_s
 from solver.spec.domain import Island, JobSpec
 
@@ -66,10 +66,11 @@ def replica_floor(job: JobSpec, group: Sequence[Island], share: int,
 
 def holds_model(job: JobSpec, group: Sequence[Island]) -> bool:
     """Whether ``group`` has the memory for one copy of the model's states (bf16 weights, fp32
-    gradients and Adam states, 18 B/param, all sharded as ZeRO-3 would) within every GPU's
-    usable bytes (:func:`~solver.cost.reserve.gpu_usable_bytes`). A replica on a group without
-    it cannot exist: provably safe."""
-    need = job.model.total_params * (WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES)
+    gradients and Adam states, 18 B/param with Megatron-LM's defaults: the job's
+    :func:`~solver.planner.pruning.job_state_bytes`, all sharded as ZeRO-3 would) within every
+    GPU's usable bytes (:func:`~solver.cost.reserve.gpu_usable_bytes`). A replica on a group
+    without it cannot exist: provably safe."""
+    need = job.model.total_params * job_state_bytes(job)
     eps = job.planner.epsilon
     return sum(n.gpus * gpu_usable_bytes(n.gpu, eps) for i in group for n in i.nodes) >= need
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from solver.cost.memory import GRAD_BYTES
+from solver.cost.runtime.frameworks import job_runtime
 from solver.planner.plan import Plan, SolverInfo, plan_json
 from solver.planner.replica.replica_runtime import Runtime, replicas_runtime, shard_layout
 from solver.planner.check.validate import PlanInvalid, problems
@@ -56,7 +56,7 @@ def full_allreduce_s(job: JobSpec, groups: Sequence[Sequence[Island]]) -> float:
     r = len(groups)
     if r <= 1:
         return 0.0
-    return 2.0 * (r - 1) / r * job.model.total_params * GRAD_BYTES / (
+    return 2.0 * (r - 1) / r * job.model.total_params * job_runtime(job).grad_bytes / (
         _gbits(job, groups) / 8 * 1e9)
 
 
@@ -250,7 +250,8 @@ def _objective(rp: ReplicatedPlan, job: JobSpec) -> list[str]:
     # replica's whole gradient crosses one link.
     gpus = min(sum(n.gpus for i in x.islands for n in i.nodes) for x in rp.replicas) \
         if len({shard_layout(x.plan) for x in rp.replicas}) == 1 else 1
-    expect = 2 * (r - 1) / r * job.model.total_params * GRAD_BYTES / gpus * 8 / (gbits * 1e9)
+    grad = 2.0 if job.training.grad_reduce_bf16 else 4.0  # fp32 unless --grad-reduce-in-bf16
+    expect = 2 * (r - 1) / r * job.model.total_params * grad / gpus * 8 / (gbits * 1e9)
     if abs(expect - rp.allreduce_s) > 1e-9 * max(expect, 1e-12):
         return [f"all-reduce across replicas stored {rp.allreduce_s:.6g} s, "
                 f"recomputed {expect:.6g} s"]

@@ -34,6 +34,7 @@ from solver.cost.runtime.frameworks import interleaving_allowed, megatron_interl
 from solver.cost.configs import FeatureSet, _layouts
 from solver.cost.efficiency import Calibration
 from solver.cost.least_costs import layer_latencies
+from solver.cost.partial import state_types
 from solver.cost.parallelizer import (Parallelizer, PartialPlan, PlanContext,
                                       kernel_calibration, prices_interleaving_above_plain,
                                       stage_calibration)
@@ -65,7 +66,7 @@ def _context(job: JobSpec, features: FeaturePreset, n: int, v: int, nodes: int,
     return PlanContext(job.training.seq_len, job.training.global_batch // n, n, 1,
                        job.planner.epsilon, max_pp or job.model.layers // v, features,
                        schedule, v, job.planner.framework, job.training.precision,
-                       job.constraints.on_stages())
+                       job.constraints.on_stages(), **state_types(job))
 
 
 def interleaved_depths(job: JobSpec, n: int, v: int) -> list[int]:

@@ -16,6 +16,7 @@ from functools import cached_property
 from solver.compose.stage_table import GroupResult
 from solver.cost.parallelizer import (AnalyticParallelizer, FeatureSet, Parallelizer, PlanContext,
                                       framework_features)
+from solver.cost.partial import state_types
 from solver.cost.runtime.frameworks import precision_problem
 from solver.islands import (IslandSet, Thresholds, build_islands, vendor_cluster, vendors,
                             whole_cluster_views)
@@ -141,7 +142,7 @@ def start_run(job: JobSpec, config: PlannerConfig, n_micro: int | None = None,
     if cache is None:
         ctx = PlanContext(job.training.seq_len, micro, n, 1, job.planner.epsilon, 1, features,
                           framework=job.planner.framework, precision=job.training.precision,
-                          constraints=job.constraints.on_stages())
+                          constraints=job.constraints.on_stages(), **state_types(job))
         cache = GroupCache(job.model, by_name, parallelizer or AnalyticParallelizer(features), ctx,
                            dedupe=Rule.DEDUPE in config.rules,
                            groups={} if groups is None else groups)

@@ -38,7 +38,7 @@ from solver.planner.stages.reasons import explain_infeasible, idle_nodes
 from solver.planner.stages.runs import (REL_TIE, VIEW_ISLANDS, VIEW_WHOLE, Composed, PlannerConfig,
                                  PlanningRun, cluster_islands, job_islands, resolved, start_run,
                                  views)
-from solver.planner.pruning import (Rule, balance_window, bound_window, interface_bans,
+from solver.planner.pruning import (Rule, balance_window, job_state_bytes, bound_window, interface_bans,
                                     interface_bans_safe, layer_work_flops, memory_cap,
                                     stage_time_lb)
 from solver.planner.stages.tied import plan_tied_ends, tied_rule_binds
@@ -248,7 +248,8 @@ def rule_tables(run: PlanningRun, groups: dict[str, tuple[int, ...]]) -> tuple[d
                 for p in Position:
                     caps[(name, g, p)] = memory_cap(job.model, grp, job.planner.epsilon,
                                                     p in (Position.FIRST, Position.ONLY),
-                                                    p in (Position.LAST, Position.ONLY))
+                                                    p in (Position.LAST, Position.ONLY),
+                                                    job_state_bytes(job))
             if Rule.BALANCE in rules:
                 windows[(name, g)] = balance_window(isl, grp, job.model.layers, job.planner.beta)
     return caps, windows

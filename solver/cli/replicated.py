@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from solver.cli.report import (emit_json, idle_lines, island_json, island_rows, job_json,
-                               render_table, stage_rows)
+                               job_line, render_table, stage_rows)
 from solver.planner.replica.replica_plan import ReplicatedPlan, not_exportable, replicated_json
 
 
@@ -62,9 +62,7 @@ def _extras(args: argparse.Namespace, rp: ReplicatedPlan) -> dict:
 def render_replicated(rp: ReplicatedPlan) -> str:
     """Readable plan: islands, each replica's share and stages, the objective, the search."""
     job = rp.job
-    lines = [f"job {job.name}: {job.model.name} on {job.cluster.name} "
-             f"({job.cluster.total_gpus} GPUs), batch {job.training.global_batch} x "
-             f"{job.training.seq_len} tokens", "", "islands:",
+    lines = [job_line(job), "", "islands:",
              render_table(island_rows(rp.islands))]
     for k, r in enumerate(rp.replicas):
         p = r.plan

@@ -91,6 +91,17 @@ def _catalog_name(gpu: GPUSpec) -> str:
     return "shipped" if Path(gpu.catalog_file) == CATALOG_PATH else gpu.catalog_file
 
 
+def job_line(job: JobSpec) -> str:
+    """The first line of a readable plan: the job, model, cluster and batch, and the state
+    types when the job departs from Megatron-LM's defaults."""
+    t = job.training
+    types = (", bf16 gradients" if t.grad_reduce_bf16 else "") + \
+        (", FP8 weights" if t.fp8_param_gather else "")
+    return (f"job {job.name}: {job.model.name} on {job.cluster.name} "
+            f"({job.cluster.total_gpus} GPUs), batch {t.global_batch} x {t.seq_len} tokens"
+            + types)
+
+
 def job_json(job: JobSpec) -> dict[str, Any]:
     """What was planned, as the ``job`` object of ``tangram plan --json``: the job's name and
     file, the model, the cluster, the batch and the runtime, so that the plan file says what it

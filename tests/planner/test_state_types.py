@@ -129,3 +129,11 @@ def test_bad_settings_are_one_line(tmp_path, capsys, precision, training, key):
     assert main(["plan", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith(f"error: {path}: {key}:"), err
+
+
+def test_the_plan_says_them(jobs, capsys):
+    """The readable plan's first line names the state types when a job departs from Megatron-LM's
+    defaults, and stays as it was otherwise."""
+    for job, tail in ((jobs[0], "tokens"), (jobs[2], "tokens, bf16 gradients, FP8 weights")):
+        assert main(["plan", str(job.path)]) == 0
+        assert capsys.readouterr().out.splitlines()[0].endswith(tail)

@@ -7,7 +7,7 @@ import os
 from dataclasses import replace
 
 from solver.cli.report import (emit_json, idle_lines, island_json, island_rows, job_json,
-                               render_table, stage_rows)
+                               job_line, render_table, stage_rows)
 from solver.planner.baselines import Baseline, plan_baseline
 from solver.planner.notices import plan_warnings
 from solver.planner.plan import Plan, plan_json
@@ -195,9 +195,7 @@ def render_explain(reports: list) -> str:
 def render_plan(plan: Plan) -> str:
     """Readable plan: islands, stages, objective, solver."""
     job = plan.job
-    lines = [f"job {job.name}: {job.model.name} on {job.cluster.name} "
-             f"({job.cluster.total_gpus} GPUs), batch {job.training.global_batch} x "
-             f"{job.training.seq_len} tokens", "", "islands:",
+    lines = [job_line(job), "", "islands:",
              render_table(island_rows(plan.islands.islands)), "", "stages:"]
     lines.append(render_table(stage_rows(plan)))
     lines += idle_lines(plan.idle)

@@ -22,13 +22,11 @@ from solver.spec.domain import (
     JobSpec,
     ModelSpec,
     NodeGroup,
-    Precision,
     PlannerOptions,
     Pruning,
     Recompute,
     Schedule,
     SolverKind,
-    TrainingSpec,
 )
 from solver.spec.catalog import (DEFAULTS, CatalogEntry, file_entries, gpus_entries,
                                   known_fields, omitted)
@@ -36,6 +34,7 @@ from solver.spec.errors import InputError
 from solver.spec.fields import Fields, closest, read_json, read_toml
 from solver.spec.hfconfig import model_from_hf_config
 from solver.spec.model import ACTIVATIONS, NORMALIZATIONS, POSITION_EMBEDDINGS, check_model
+from solver.spec.training import read_training
 
 INSTANCES = Path(__file__).resolve().parents[2] / "instances"
 CATALOG_PATH = INSTANCES / "gpus.toml"
@@ -304,7 +303,7 @@ def load_job(path: Path | str, catalog: dict[str, GPUSpec] | None = None) -> Job
     catalog = _own_gpus(f, catalog)
     model = load_model_ref(f.get("model", object), str(path), "model", path.parent)
     cluster = load_cluster_ref(f.get("cluster", object), str(path), "cluster", path.parent, catalog)
-    training = _training(f.sub("training", required=True))
+    training = read_training(f.sub("training", required=True))
     planner_f = f.sub("planner")
     planner = _planner(planner_f) if planner_f else PlannerOptions()
     name = f.get("name", str, path.stem)
@@ -363,38 +362,6 @@ def _constraints(f: Fields) -> Constraints:
             "the planner makes 1f1b and interleaved plans (gpipe is not searched)")
     f.done()
     return out
-
-
-def _training(f: Fields) -> TrainingSpec:
-    gb = f.get("global_batch", int, lo=1, hi=10**7)
-    seq = f.get("seq_len", int, lo=1, hi=10**7)
-    raw = f.get("n_micro", object, "auto")
-    if raw == "auto":
-        n = None
-    elif isinstance(raw, int) and not isinstance(raw, bool) and 1 <= raw <= gb:
-        n = raw
-        f.check("n_micro", gb % n == 0, f"n_micro {n} must divide global_batch {gb}")
-    else:
-        raise f.error("n_micro", f"must be \"auto\" or an integer in 1..global_batch ({gb}), got {raw!r}")
-    precision = f.get_enum("precision", Precision, Precision.BF16)
-    grads_bf16, fp8_params = read_state_types(f, precision)
-    f.done()
-    return TrainingSpec(gb, seq, n, precision, grads_bf16, fp8_params)
-
-
-def read_state_types(f: Fields, precision: Precision) -> tuple[bool, bool]:
-    """``grad_reduce`` ("fp32" | "bf16") and ``fp8_param_gather`` of a ``[training]`` table:
-    Megatron-LM's ``--grad-reduce-in-bf16`` and ``--fp8-param-gather``; FP8 weights need an
-    FP8 precision (``validate_args`` in ``megatron/training/arguments.py``)."""
-    grads = f.get("grad_reduce", str, "fp32")
-    f.check("grad_reduce", grads in ("fp32", "bf16"), f'one of fp32, bf16, got "{grads}"')
-    f.check("grad_reduce", grads == "fp32" or precision is not Precision.FP16,
-            "bf16 gradient buffers need bf16 training (Megatron reads --grad-reduce-in-bf16 "
-            "only with --bf16)")
-    fp8_params = f.get("fp8_param_gather", bool, False)
-    f.check("fp8_param_gather", not fp8_params or precision.is_fp8,
-            f"FP8 weights need an FP8 precision, got {precision.value}")
-    return grads == "bf16", fp8_params
 
 
 def _planner(f: Fields) -> PlannerOptions:

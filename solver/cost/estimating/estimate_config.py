@@ -57,7 +57,8 @@ from solver.cost.stage import StageConfig
 from solver.spec.domain import Framework, GPUSpec, Island, ModelSpec, Precision, Recompute, Schedule
 from solver.spec.errors import InputError
 from solver.spec.fields import Fields, closest, read_toml
-from solver.spec.loaders import MAX_GPUS, load_catalog, load_model_ref, read_state_types
+from solver.spec.loaders import MAX_GPUS, load_catalog, load_model_ref
+from solver.spec.training import read_state_types
 
 
 def load_estimate_setup(path: Path | str, catalog: dict[str, GPUSpec] | None = None

@@ -73,7 +73,8 @@ def _random_case(rng, islands):
                                             moe_capacity_factor=1.0)])
     runtime = Runtime(_pick(rng, list(PROFILES)), _pick(rng, [Precision.BF16, Precision.FP8,
                                                              Precision.FP16]),
-                      bool(rng.integers(4)))
+                      bool(rng.integers(4)), grad_reduce_bf16=bool(rng.integers(2)),
+                      fp8_param_gather=bool(rng.integers(2)))
     seq = _pick(rng, [1024, 2048, 4096])
     return slc, _pick(rng, islands), seq, cfg, pipe, calib, runtime
 
@@ -82,7 +83,8 @@ def _reference(slc, island, seq, cfg, pipe, calib, runtime):
     factor = float(pipe.virtual_stages) if pipe.schedule is Schedule.INTERLEAVED else 1.0
     return stage_seconds(slc.model, seq, island, cfg, slc.layers, slc.has_embedding,
                          slc.has_head, calib=calib, profile=runtime.profile,
-                         precision=runtime.precision, overlap=runtime.overlap, p2p_factor=factor)
+                         precision=runtime.precision, overlap=runtime.overlap, p2p_factor=factor,
+                         grad_bytes=runtime.grad_bytes, fp8_params=runtime.fp8_param_gather)
 
 
 def _vectorized(slc, island, seq, cfg, pipe, calib, runtime):

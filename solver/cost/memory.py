@@ -34,6 +34,7 @@ from solver.spec.domain import ModelSpec, Recompute
 
 WEIGHT_BYTES = 2.0      # bf16 weights
 GRAD_BYTES = 4.0        # fp32 main gradients (Megatron-LM, bf16 training)
+GRAD_BF16_BYTES = 2.0   # bf16 gradient buffers (--grad-reduce-in-bf16)
 OPTIMIZER_BYTES = 12.0  # fp32 master weights + Adam m + v
 LOGIT_BYTES = 4.0       # fp32 logits kept by the vocab-parallel cross entropy for its backward
 ZERO3_PREFETCH_LAYERS = 2.0  # gathered layers held by ZeRO-3 (current + prefetched)
@@ -226,7 +227,7 @@ def least_state_bytes(grad_reduce_bf16: bool = False, fp8_param_gather: bool = F
     its GPUs (every state sharded once): weights (1 with FP8 weights, else 2), gradients (2 in
     bf16, else 4) and Adam (12). 18 with Megatron-LM's defaults."""
     return (weight_bytes(fp8_param_gather, fp8_param_gather)
-            + (2.0 if grad_reduce_bf16 else GRAD_BYTES) + OPTIMIZER_BYTES)
+            + (GRAD_BF16_BYTES if grad_reduce_bf16 else GRAD_BYTES) + OPTIMIZER_BYTES)
 
 
 def model_state_bytes(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,

@@ -86,12 +86,6 @@ class PlanContext:
                        fp8_param_gather=self.fp8_param_gather)
 
 
-def state_types(job) -> dict:
-    """A job's gradient-buffer type and FP8 weights as :class:`PlanContext` keywords."""
-    return {"grad_reduce_bf16": job.training.grad_reduce_bf16,
-            "fp8_param_gather": job.training.fp8_param_gather}
-
-
 @dataclass(frozen=True)
 class MemoryBreakdown:
     """Per-GPU memory of the most loaded GPU, GB (10^9 bytes).

@@ -205,7 +205,7 @@ def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
     p2p = p2p_time(ti, cfg) * p2p_factor
     bwd_work = bwd.compute + bwd.recompute
     z_fwd, z_bwd, dp_s, optimizer = _zero_and_sync(ti, cfg, layers, emb, head, fwd.compute,
-                                                   bwd_work, share, fp8)
+                                                   bwd_work, share)
     flash = ti.attention_eff is not None
     cf = ti.calib.moe_capacity_factor
     stored = (stored_layer_bytes(stored_bytes_per_token(ti.model, ti.seq_len, flash, cf), cfg,

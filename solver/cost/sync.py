@@ -106,7 +106,7 @@ def _collectives(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.
 
 def _zero_and_sync(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,
                    head: np.ndarray, fwd_work: np.ndarray, bwd_work: np.ndarray,
-                   share: np.ndarray | float = 0.0, fp8: bool = False
+                   share: np.ndarray | float = 0.0
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Exposed per-micro-batch ZeRO-2/3 collectives (fwd, bwd), exposed per-iteration sync and
     the optimizer step of a sub-stage (the module docstring says what overlaps); ``share``:
@@ -114,8 +114,7 @@ def _zero_and_sync(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
     ``ti.fp8_params``, else 16-bit), gradients in the gradient buffer's type."""
     coll, steps, nb, local = _collectives(ti, cfg, layers, emb, head)
     z3, z2 = cfg.zero >= 3, cfg.zero == 2
-    w_bytes = weight_bytes(True, True) if fp8 and ti.fp8_params else weight_bytes(False)
-    g_bytes = ti.grad_bytes
+    w_bytes, g_bytes = weight_bytes(ti.fp8_params, ti.fp8_params), ti.grad_bytes
     gather = np.where(z3, coll(w_bytes) + steps, 0.0)
     scatter = np.where(z3, coll(g_bytes) + steps, np.where(z2, coll(g_bytes), 0.0))
     again = regathered_share(ti, cfg, share)

@@ -16,9 +16,8 @@ from dataclasses import replace
 
 
 from solver.compose.table import Position
-from solver.cost.runtime.frameworks import precision_problem
+from solver.cost.runtime.frameworks import precision_problem, state_types
 from solver.cost.parallelizer import AnalyticParallelizer, PlanContext, best_plan
-from solver.cost.partial import state_types
 from solver.cost.stage import ModelSlice
 from solver.islands import IslandSet
 from solver.planner.micro import candidate_n_micro, plan_auto

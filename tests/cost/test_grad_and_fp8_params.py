@@ -60,7 +60,7 @@ def test_traffic_halves_with_the_bytes():
     runtime = Runtime(Framework.FSDP, Precision.FP8, overlap=False)
     cfg = ConfigArrays.of([StageConfig(dp=8, zero=3)])
     args = (cfg, np.array([2]), np.array([False]), np.array([False]), np.array([1.0]),
-            np.array([1.0]), 0.0, True)
+            np.array([1.0]), 0.0)
     base = _time_inputs(TINY, island, 1024, DEFAULT_CALIBRATION, runtime)
     bridge = _time_inputs(TINY, island, 1024, DEFAULT_CALIBRATION, dataclasses.replace(
         runtime, grad_reduce_bf16=True, fp8_param_gather=True))

@@ -63,8 +63,8 @@ from solver.spec.training import read_state_types
 
 def load_estimate_setup(path: Path | str, catalog: dict[str, GPUSpec] | None = None
                         ) -> tuple[EstimateSetup, Calibration]:
-    """The setup described by the CONFIG file, and the calibration it runs under (its attention
-    kernel, gradient-buffer type and FP8 weights)."""
+    """The setup described by the CONFIG file (with its gradient buffers and FP8 weights), and
+    the calibration it runs under (its attention kernel)."""
     path = Path(path)
     catalog = catalog if catalog is not None else load_catalog()
     f = Fields(read_toml(path), str(path))

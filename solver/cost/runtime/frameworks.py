@@ -52,6 +52,7 @@ import dataclasses
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from solver.cost.memory import GRAD_BF16_BYTES, GRAD_BYTES
 from solver.cost.runtime.profile import FrameworkProfile
 from solver.cost.runtime.runtime_rules import (cp_allowed, expert_parallel_sizes, job_rules,
                                                mixed_kinds_note, precision_problem,
@@ -139,7 +140,7 @@ class Runtime:
     @property
     def grad_bytes(self) -> float:
         """Bytes per parameter of the gradient buffer (2 in bf16, else 4: fp32)."""
-        return 2.0 if self.grad_reduce_bf16 else 4.0
+        return GRAD_BF16_BYTES if self.grad_reduce_bf16 else GRAD_BYTES
 
     @property
     def profile(self) -> FrameworkProfile:
@@ -151,12 +152,18 @@ class Runtime:
                                    tp_comm_overlap=False)
 
 
+def state_types(job) -> dict:
+    """A job's gradient-buffer type and FP8 weights (``[training] grad_reduce``,
+    ``fp8_param_gather``) as keywords of :class:`Runtime` and
+    :class:`~solver.cost.partial.PlanContext`."""
+    return {"grad_reduce_bf16": job.training.grad_reduce_bf16,
+            "fp8_param_gather": job.training.fp8_param_gather}
+
+
 def job_runtime(job) -> Runtime:
     """The runtime a job's plans are priced under (``[planner] framework``, ``[training]
     precision``, ``grad_reduce`` and ``fp8_param_gather``)."""
-    t = job.training
-    return Runtime(job.planner.framework, t.precision, grad_reduce_bf16=t.grad_reduce_bf16,
-                   fp8_param_gather=t.fp8_param_gather)
+    return Runtime(job.planner.framework, job.training.precision, **state_types(job))
 
 
 def profile(framework: Framework) -> FrameworkProfile:

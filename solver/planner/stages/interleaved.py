@@ -30,11 +30,11 @@ import math
 import numpy as np
 
 from solver.compose.table import Position
-from solver.cost.runtime.frameworks import interleaving_allowed, megatron_interleaves, profile
+from solver.cost.runtime.frameworks import (interleaving_allowed, megatron_interleaves, profile,
+                                            state_types)
 from solver.cost.configs import FeatureSet, _layouts
 from solver.cost.efficiency import Calibration
 from solver.cost.least_costs import layer_latencies
-from solver.cost.partial import state_types
 from solver.cost.parallelizer import (Parallelizer, PartialPlan, PlanContext,
                                       kernel_calibration, prices_interleaving_above_plain,
                                       stage_calibration)

@@ -16,8 +16,7 @@ from functools import cached_property
 from solver.compose.stage_table import GroupResult
 from solver.cost.parallelizer import (AnalyticParallelizer, FeatureSet, Parallelizer, PlanContext,
                                       framework_features)
-from solver.cost.partial import state_types
-from solver.cost.runtime.frameworks import precision_problem
+from solver.cost.runtime.frameworks import precision_problem, state_types
 from solver.islands import (IslandSet, Thresholds, build_islands, vendor_cluster, vendors,
                             whole_cluster_views)
 from solver.planner.stages.candidates import CandidateTable, GroupCache

@@ -53,7 +53,6 @@ from solver.cost.runtime.frameworks import FrameworkProfile
 from solver.cost.stage import ConfigArrays, expert_tp
 from solver.spec.domain import ModelSpec
 
-LOGIT_PASS_BYTES = 12.0   # HBM bytes per logit per pass of the fp32 cross entropy (read, write)
 MOE_PERMUTE_BYTES = 8.0   # bytes per hidden element per routed copy: permute + unpermute r/w
 MOE_SORT_BYTES = 8.0      # the same for the sort by local expert and its inverse (r/w each)
 
@@ -329,8 +328,9 @@ def embedding_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Comp
 
 
 def head_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Components]:
-    """LM head and loss: logits GEMM ``(n, V/tp, h)`` in 16 bits, fp32 cross entropy over
-    ``n V / tp`` logits, an all-gather of the final hidden states (fwd) and a reduce-scatter
+    """LM head and loss: logits GEMM ``(n, V/tp, h)`` in 16 bits, the cross entropy over
+    ``n V / tp`` logits (HBM bytes per logit per pass: the software's
+    :class:`~solver.cost.efficiency.CrossEntropyKernel`), an all-gather of the final hidden states (fwd) and a reduce-scatter
     (bwd)."""
     m = ti.model
     n = tokens_per_gpu(cfg, ti.seq_len)
@@ -339,11 +339,12 @@ def head_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Component
                     else (ti.head_gemm, ti.attention_flops))
     gemm = kernel.seconds(2 * n * m.hidden * m.vocab / cfg.tp, n, m.vocab / cfg.tp, m.hidden,
                           peak)
-    loss = LOGIT_PASS_BYTES * n * m.vocab / cfg.tp / ti.links.hbm_bw
+    per_logit = n * m.vocab / cfg.tp / ti.links.hbm_bw
+    loss_fwd, loss_bwd = (b * per_logit for b in ti.calib.cross_entropy.bytes_per_logit)
     bw, lat = ti.links.select(cfg.tp)
     one = ring_time(n * m.hidden * 2.0, cfg.tp, bw, lat)
-    return (Components(compute=gemm + loss, tp=tp_exposed(ti, one, gemm, cfg.tp)),
-            Components(compute=2 * gemm + loss, tp=tp_exposed(ti, one, 2 * gemm, cfg.tp)))
+    return (Components(compute=gemm + loss_fwd, tp=tp_exposed(ti, one, gemm, cfg.tp)),
+            Components(compute=2 * gemm + loss_bwd, tp=tp_exposed(ti, one, 2 * gemm, cfg.tp)))
 
 
 def p2p_time(ti: TimeInputs, cfg: ConfigArrays) -> np.ndarray:

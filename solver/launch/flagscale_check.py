@@ -333,8 +333,7 @@ def _expert_grid_rules(args: dict[str, Any], hosts: list[Host], hetero: bool) ->
         grids = [(tp * cp * dp, int(e) if e else tp, ep)
                  for (tp, cp, ep, dp, _), e in zip(ms, etps or [None] * len(ms))]
     else:
-        tp, cp = int(args.get("tensor_model_parallel_size", 1)), int(args.get(
-            "context_parallel_size", 1))
+        tp = int(args.get("tensor_model_parallel_size", 1))
         pp = int(args.get("pipeline_model_parallel_size", 1))
         world = sum(h.slots for h in hosts)
         if not world:  # no hostfile: the GPUs per pipeline rank are unknown

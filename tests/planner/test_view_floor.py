@@ -165,20 +165,20 @@ def test_no_configuration_beats_the_compute_floor_of_its_group(floor_jobs, data)
 def _h100_layer_by_hand(h, ffn, up, seq):
     """GPU-seconds per token of one layer on H100 (989 TFLOP/s, 3.35 TB/s, ceiling 0.803, its
     fitted half point 0.012 balances), each GEMM at the cost model's efficiency for unlimited
-    rows and the layer's full width, ``0.621 · 0.803 · ξ / (ξ + 0.012 · 989/3.35)`` with
-    ``ξ = 1 / (1/cols + 1/inner)`` (no GQA: q = kv = h; 0.621 Hopper's in-training fraction,
+    rows and the layer's full width, ``0.622 · 0.803 · ξ / (ξ + 0.012 · 989/3.35)`` with
+    ``ξ = 1 / (1/cols + 1/inner)`` (no GQA: q = kv = h; 0.622 Hopper's in-training fraction,
     the catalog's ``gemm_in_training`` for H100; the
-    fixed cost per kernel left out), the memory-bound operators (20.16 bytes per hidden
+    fixed cost per kernel left out), the memory-bound operators (16.61 bytes per hidden
     element) at 80% of HBM bandwidth, fused attention at 2 · 0.58."""
     peak, bw = 989e12, 3.35e12
 
     def seconds(flops, cols, inner):
         xi = 1 / (1 / cols + 1 / inner)
-        return flops / (peak * 0.621 * 0.803 * xi / (xi + 0.012 * peak / bw))
+        return flops / (peak * 0.622 * 0.803 * xi / (xi + 0.012 * peak / bw))
 
     gemm = 3 * (seconds(2 * h * 3 * h, 3 * h, h) + seconds(2 * h * h, h, h)
                 + seconds(2 * h * up * ffn, up * ffn, h) + seconds(2 * ffn * h, h, ffn))
-    return gemm + 3 * 4 * seq * h / (peak * 2 * 0.58) + 3 * 20.16 * h / (bw * 0.80)
+    return gemm + 3 * 4 * seq * h / (peak * 2 * 0.58) + 3 * 16.61 * h / (bw * 0.80)
 
 
 @pytest.mark.parametrize("name,ffn,up", [("small-7b-512", 11008, 2),

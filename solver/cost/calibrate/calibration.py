@@ -217,13 +217,23 @@ def fit(start: Calibration = DEFAULT_CALIBRATION, names: tuple[str, ...] = FITTE
     return best
 
 
+#: Fits whose largest log error is within this of the best are ties: Table 1 runs one sequence
+#: length, so the memory-bound bytes and the unfused attention's efficiency (both a share of
+#: the step that falls as ``1/h``) trade along a ridge it cannot resolve.
+RIDGE_TOL = 1e-4
+
+
 def fit_all(path: Path | str = CSV_PATH) -> Calibration:
     """The best of :func:`fit` from the shipped constants (small steps) and from every point of
-    :data:`STARTS` (largest, then mean error); the shipped constants are its fixed point."""
+    :data:`STARTS`; among ties (:data:`RIDGE_TOL`) the one nearest the shipped constants (the
+    least change the table supports), so the shipped constants are its fixed point."""
     fits = [fit(DEFAULT_CALIBRATION, step=0.05, path=path)]
     fits += [fit(dataclasses.replace(DEFAULT_CALIBRATION, **x), step=0.5, path=path)
              for x in STARTS]
-    return min(fits, key=lambda c: worst_log_error(c, path))
+    best = min(worst_log_error(c, path)[0] for c in fits)
+    ties = [c for c in fits if worst_log_error(c, path)[0] <= best + RIDGE_TOL]
+    return min(ties, key=lambda c: sum(abs(math.log(getattr(c, n) / getattr(
+        DEFAULT_CALIBRATION, n))) for n in FITTED))
 
 
 def main(argv: list[str] | None = None) -> int:

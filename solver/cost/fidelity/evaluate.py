@@ -19,7 +19,8 @@ import dataclasses
 import statistics
 from dataclasses import dataclass
 
-from solver.cost.efficiency import DEFAULT_CALIBRATION, AttentionKernel, Calibration
+from solver.cost.efficiency import (DEFAULT_CALIBRATION, AttentionKernel, Calibration,
+                                    CrossEntropyKernel)
 from solver.cost.estimating.estimate import Estimate, EstimateSetup, estimate
 from solver.cost.fidelity.rows import RunRow
 from solver.cost.runtime.frameworks import profile, violations
@@ -215,6 +216,10 @@ def calibration_of(row: RunRow) -> Calibration:
     - Benchmarks that state force-balanced, dropless routing send every expert rank exactly its
       balanced share: the busiest rank's load factor is 1, not the capacity factor of a
       learned router.
+    - Megatron-Bridge's performance scripts run Transformer Engine's fused cross entropy
+      (``recipe.model.cross_entropy_fusion_impl = "te"`` in ``_set_common_perf_overrides``,
+      ``scripts/performance/utils/overrides.py`` at 97ad8cc6, with Bridge's default
+      ``cross_entropy_loss_fusion = True``); every other source ran Megatron-LM's unfused one.
     """
     calib = DEFAULT_CALIBRATION
     if "SC'21" in row.source:
@@ -222,6 +227,8 @@ def calibration_of(row: RunRow) -> Calibration:
                                     zero3_prefetch=False)
     if row.experts and "force-balanced" in row.notes:
         calib = dataclasses.replace(calib, moe_capacity_factor=1.0)
+    if BRIDGE_SOURCE in row.source:
+        calib = dataclasses.replace(calib, cross_entropy=CrossEntropyKernel.TE)
     return calib
 
 
@@ -251,6 +258,8 @@ def evaluate_row(row: RunRow, catalog: dict[str, GPUSpec], epsilon: float = 0.0)
         chosen.append("bf16 gradients")
     if tries[0].fp8_param_gather:
         chosen.append("FP8 weights")
+    if calib.cross_entropy is CrossEntropyKernel.TE:
+        chosen.append("TE cross entropy")
     priced = ", ".join(chosen + ([note] if note else []))
     return RowResult(row.id, measured, est.iteration_time_s, est.memory.total, est.fits, priced)
 

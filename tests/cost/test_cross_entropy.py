@@ -1,0 +1,75 @@
+"""The loss over the vocabulary: HBM bytes per logit of the two kernels the runtimes run.
+
+Sources, counted by hand from the code (one HBM read or write per tensor a kernel touches):
+
+- Megatron-LM's default, ``megatron/core/tensor_parallel/cross_entropy.py`` at core_v0.14.0
+  (``VocabParallelCrossEntropy``): ``calculate_logits_max`` casts the 16-bit logits to fp32
+  (read 2, write 4) and takes their max (read 4); ``calculate_predicted_logits`` subtracts it in
+  place (4 + 4), exponentiates in place (4 + 4) and sums (4); ``calculate_cross_entropy_loss``
+  divides in place (4 + 4): 38 bytes. Backward: ``grad_input.mul_`` (4 + 4), then the fp32
+  gradient cast back to 16 bits for the head's GEMMs (4 + 2): 14 bytes.
+- Transformer Engine's fused loss (``transformer_engine/pytorch/triton/cross_entropy.py``,
+  v2.9), what Megatron-Bridge's performance scripts run (``cross_entropy_fusion_impl = "te"``,
+  ``scripts/performance/utils/overrides.py`` at 97ad8cc6): ``online_softmax_kernel`` reads the
+  logits (2), ``cross_entropy_kernel`` reads them again and writes the gradient in their place
+  (2 + 2): 6 bytes; backward ``element_mul_kernel`` scales it in place (2 + 2): 4 bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from solver.cost.efficiency import DEFAULT_CALIBRATION, CrossEntropyKernel
+from solver.cost.runtime.frameworks import Runtime, profile
+from solver.cost.stage import ConfigArrays, StageConfig
+from solver.cost.stage_costs import _time_inputs
+from solver.cost.timing import head_times
+from solver.planner.check.time_check import _head, _setup
+from solver.spec.domain import Framework, Island, ModelSpec, Precision
+from solver.spec.loaders import load_catalog
+
+CAT = load_catalog()
+#: A 1.7B-like model with a 131,072-word vocabulary (the shape of Megatron-LM's H100 table).
+SMALL = ModelSpec("gpt-small", layers=24, hidden=2048, ffn=8192, heads=16, kv_heads=16,
+                  vocab=131072, gated_mlp=False)
+
+
+def test_bytes_per_logit_by_hand():
+    assert CrossEntropyKernel.UNFUSED.bytes_per_logit == (2 + 4 + 4 + 8 + 8 + 4 + 8, 8 + 6)
+    assert CrossEntropyKernel.TE.bytes_per_logit == (2 + 2 + 2, 2 + 2)
+    assert DEFAULT_CALIBRATION.cross_entropy is CrossEntropyKernel.UNFUSED
+
+
+def test_head_pays_the_loss_kernel_bytes():
+    """On an H100 (3.35 TB/s at 80 %), 4 x 4096 tokens, tp 2: each pass's head time less the
+    kernel's bytes over 16384 x 65536 logits is the same (the GEMM) whichever loss runs, and
+    the unfused loss costs 32 + 10 bytes per logit more: 42 x 2^30 B at 2.68 TB/s, 16.8 ms."""
+    island = Island.homogeneous("h100", CAT["H100-SXM-80GB"], 8)
+    cfg = ConfigArrays.of([StageConfig(tp=2, dp=4, micro_batch=4)])
+    logits, hbm = 16384 * 65536, 3350e9 * 0.8
+    rest, passes = [], []
+    for kernel in CrossEntropyKernel:
+        calib = dataclasses.replace(DEFAULT_CALIBRATION, cross_entropy=kernel)
+        f, b = head_times(_time_inputs(SMALL, island, 4096, calib, Runtime()), cfg)
+        fb, bb = kernel.bytes_per_logit
+        rest.append((f.compute[0] - fb * logits / hbm, b.compute[0] - bb * logits / hbm))
+        passes.append(f.compute[0] + b.compute[0])
+    assert rest[0] == pytest.approx(rest[1], rel=1e-12)
+    assert passes[0] - passes[1] == pytest.approx(42 * 2**30 / 2.68e12, rel=1e-9)
+
+
+@pytest.mark.parametrize("kernel", list(CrossEntropyKernel))
+def test_validator_restates_the_loss(kernel):
+    """The independent time check prices the head exactly as the cost model does."""
+    island = Island.homogeneous("h100", CAT["H100-SXM-80GB"], 8)
+    calib = dataclasses.replace(DEFAULT_CALIBRATION, cross_entropy=kernel)
+    prof = profile(Framework.MEGATRON_CORE)
+    config = StageConfig(tp=2, dp=4, micro_batch=4)
+    st = _setup(SMALL, 4096, island, calib, prof, Precision.BF16, True, 4.0, False)
+    fwd, fwd_tp, bwd, bwd_tp = _head(st, config, 16384.0)
+    f, b = head_times(_time_inputs(SMALL, island, 4096, calib, Runtime()),
+                      ConfigArrays.of([config]))
+    assert fwd == pytest.approx(f.compute[0], rel=1e-9)
+    assert bwd == pytest.approx(b.compute[0], rel=1e-9)

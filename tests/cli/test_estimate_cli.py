@@ -15,7 +15,7 @@ from solver.spec.loaders import INSTANCES
 
 EXAMPLES = sorted((INSTANCES / "estimate").glob("*.toml"))
 TOP_KEYS = {"iteration_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "micro_batch", "fits",
-            "memory_gb", "breakdown", "communication", "virtual_stages"}
+            "memory_gb", "breakdown", "communication", "virtual_stages", "mfu_fp8"}
 COMM_KEYS = {"tp", "cp", "ep", "dp", "pp"}
 MEMORY_KEYS = {"params", "grads", "optimizer", "activations", "fragmentation", "total"}
 BREAKDOWN_KEYS = {"compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_bubble", "dp_comm",
@@ -137,6 +137,10 @@ def test_fp8_mfu_says_which_peak(tmp_path, capsys):
     assert float(got[2]) == pytest.approx(float(got[1]) * 989 / 1979, abs=0.06)
     _, plain = run([write(tmp_path, GOOD)], capsys)
     assert "FP8 peak" not in plain
+    data = _json(tmp_path, capsys, fp8)
+    assert data["mfu_fp8"] == pytest.approx(data["tflops_per_gpu"] / 1979)
+    assert data["mfu"] == pytest.approx(data["tflops_per_gpu"] / 989)
+    assert _json(tmp_path, capsys, GOOD)["mfu_fp8"] is None
 
 
 def test_auto_micro_batch_and_fixed(tmp_path, capsys):

@@ -72,8 +72,6 @@ def _lines(setup: EstimateSetup, e: Estimate) -> list[str]:
 def _fp8_share(setup: EstimateSetup, e: Estimate) -> str:
     """Under FP8 the MFU above is of the 16-bit peak (the convention for mixed FP8 runs, where
     attention and the LM head stay 16-bit); say so, with the share of the FP8 peak beside it."""
-    gpu = setup.island.gpu
-    if not gpu.runs_fp8(setup.precision):
+    if e.mfu_fp8 is None:
         return ""
-    return (f" of the 16-bit peak; {e.mfu * gpu.bf16_tflops / gpu.fp8_tflops:.1%} "
-            f"of the FP8 peak")
+    return f" of the 16-bit peak; {e.mfu_fp8:.1%} of the FP8 peak"

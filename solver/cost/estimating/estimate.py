@@ -185,7 +185,8 @@ class Estimate:
     tflops_per_gpu : float
         Model FLOPs (no recomputation) per GPU per second, in TFLOP/s.
     mfu : float
-        ``tflops_per_gpu`` over the GPU's peak.
+        ``tflops_per_gpu`` over the GPU's 16-bit peak (the convention for mixed FP8 runs too,
+        whose attention and LM head stay 16-bit).
     fits : bool
         Peak memory within the usable bytes (:func:`~solver.cost.reserve.usable_bytes`).
     memory : MemoryReport
@@ -196,6 +197,8 @@ class Estimate:
         Each communication term, total and exposed.
     virtual_stages : int
         Model chunks per GPU of the estimate (1: not interleaved).
+    mfu_fp8 : float | None
+        ``tflops_per_gpu`` over the GPU's FP8 peak where its GEMMs run FP8 (None otherwise).
     """
 
     config: StageConfig
@@ -209,6 +212,7 @@ class Estimate:
     breakdown: Breakdown
     communication: Communication | None = None
     virtual_stages: int = 1
+    mfu_fp8: float | None = None
 
     def to_json(self) -> dict:
         """The public ``tangram estimate --json`` object."""
@@ -220,7 +224,7 @@ class Estimate:
             "breakdown": dataclasses.asdict(self.breakdown),
             "communication": (dataclasses.asdict(self.communication)
                               if self.communication else None),
-            "virtual_stages": self.virtual_stages,
+            "virtual_stages": self.virtual_stages, "mfu_fp8": self.mfu_fp8,
         }
 
 
@@ -327,5 +331,7 @@ def _report(setup: EstimateSetup, config: StageConfig, costs: StageCosts, i: int
         dp_comm=per_iter("zero") + float(costs.dp_s[i]),
         optimizer=float(costs.optimizer_s[i]), offload=per_iter("offload"))
     v = setup.virtual_stages if setup.schedule is Schedule.INTERLEAVED else 1
+    gpu = setup.island.gpu
+    fp8 = tflops / gpu.fp8_tflops if gpu.runs_fp8(setup.precision) else None
     return Estimate(config, m, time, tokens / time, tflops, tflops / setup.island.tflops_per_gpu,
-                    fits, memory, breakdown, comm, v)
+                    fits, memory, breakdown, comm, v, fp8)

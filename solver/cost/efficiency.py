@@ -63,6 +63,14 @@ class CrossEntropyKernel(enum.Enum):
         """HBM bytes per logit, (forward, backward)."""
         return {CrossEntropyKernel.UNFUSED: (38.0, 14.0), CrossEntropyKernel.TE: (6.0, 4.0)}[self]
 
+    @property
+    def held_bytes_per_logit(self) -> float:
+        """Bytes per logit held at the loss. Unfused: the fp32 copy ``calculate_logits_max``
+        makes and keeps as the softmax for backward, beside the 16-bit logits that
+        ``GPTModel.forward`` still holds while the loss runs, 6. Transformer Engine: the
+        gradient written over the 16-bit logits, 2."""
+        return 6.0 if self is CrossEntropyKernel.UNFUSED else 2.0
+
 
 @dataclass(frozen=True)
 class Calibration:

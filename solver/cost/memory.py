@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from solver.cost.efficiency import CrossEntropyKernel
 from solver.cost.reserve import FRAGMENTATION
 from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, expert_tp, recomputed_layers
 from solver.spec.domain import ModelSpec, Recompute
@@ -36,7 +37,9 @@ WEIGHT_BYTES = 2.0      # bf16 weights
 GRAD_BYTES = 4.0        # fp32 main gradients (Megatron-LM, bf16 training)
 GRAD_BF16_BYTES = 2.0   # bf16 gradient buffers (--grad-reduce-in-bf16)
 OPTIMIZER_BYTES = 12.0  # fp32 master weights + Adam m + v
-LOGIT_BYTES = 4.0       # fp32 logits kept by the vocab-parallel cross entropy for its backward
+#: Per logit at Megatron-LM's unfused loss, the default (see
+#: :attr:`~solver.cost.efficiency.CrossEntropyKernel.held_bytes_per_logit`).
+LOGIT_BYTES = CrossEntropyKernel.UNFUSED.held_bytes_per_logit
 ZERO3_PREFETCH_LAYERS = 2.0  # gathered layers held by ZeRO-3 (current + prefetched)
 FP8_CACHE_BYTES = 2.0   # Transformer Engine's cached FP8 weight and its transpose, per param
 FP8_PARAM_BYTES = 1.0   # FP8 weights stored as the parameters (--fp8-param-gather)
@@ -266,8 +269,8 @@ def model_state_bytes(model: ModelSpec, cfg: ConfigArrays, layers: np.ndarray, e
 
 def activation_bytes(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: np.ndarray,
                      head: np.ndarray, in_flight: np.ndarray, resident: float,
-                     flash: bool = True, capacity: float = 1.0, fp8: bool = False
-                     ) -> tuple[np.ndarray, np.ndarray]:
+                     flash: bool = True, capacity: float = 1.0, fp8: bool = False,
+                     logit_bytes: float = LOGIT_BYTES) -> tuple[np.ndarray, np.ndarray]:
     """Activation bytes per GPU in HBM and in host memory (offload).
 
     HBM: in-flight micro-batches x stored layers (:func:`stored_layer_bytes`: with the block
@@ -277,14 +280,15 @@ def activation_bytes(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: 
     Offload keeps only ``resident`` micro-batches in HBM, the rest in host memory. Full recomputation adds one layer's
     complete activations (the layer being recomputed during backward, Korthikanti et al.). The
     head stage adds the final-norm and head inputs (4h per token per in-flight micro-batch) and
-    one micro-batch of fp32 logits (``s b V 4 / tp``).
+    one micro-batch of logits at the loss, ``logit_bytes`` each (:data:`LOGIT_BYTES` for
+    Megatron-LM's unfused cross entropy).
     """
     tokens = cfg.micro_batch * seq_len / cfg.cp / cfg.tp
     per_token = stored_bytes_per_token(model, seq_len, flash, capacity, fp8)
     held = np.where(cfg.offload, np.minimum(in_flight, resident), in_flight)
     per_micro = stored_layer_bytes(per_token, cfg, layers) * tokens
     working = np.where(cfg.recompute == 2, per_token[0] * tokens, 0.0)
-    head_bytes = head * tokens * (4.0 * model.hidden * held + LOGIT_BYTES * model.vocab)
+    head_bytes = head * tokens * (4.0 * model.hidden * held + logit_bytes * model.vocab)
     return per_micro * held + working + head_bytes, per_micro * (in_flight - held)
 
 
@@ -292,7 +296,7 @@ def substage_memory(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: n
                     emb: np.ndarray, head: np.ndarray, in_flight: np.ndarray,
                     resident: float, flash: bool = True, zero3_per_module: bool = False,
                     fp8: bool = False, capacity: float = 1.0, grad_bytes: float = GRAD_BYTES,
-                    fp8_params: bool = False) -> MemoryArrays:
+                    fp8_params: bool = False, logit_bytes: float = LOGIT_BYTES) -> MemoryArrays:
     """Memory per GPU of a sub-stage with ``layers`` layers holding ``in_flight`` micro-batches
     (``flash``: FlashAttention, no stored scores; the last two as in :func:`model_state_bytes`).
     Activations are counted in 16 bits also with FP8 GEMMs (conservative: Transformer Engine
@@ -300,5 +304,5 @@ def substage_memory(model: ModelSpec, seq_len: int, cfg: ConfigArrays, layers: n
     weights, grads, optim = model_state_bytes(model, cfg, layers, emb, head, zero3_per_module,
                                               fp8, grad_bytes, fp8_params)
     acts, host = activation_bytes(model, seq_len, cfg, layers, head, in_flight, resident, flash,
-                                  capacity, fp8)
+                                  capacity, fp8, logit_bytes)
     return MemoryArrays(weights, grads, optim, acts, host, FRAGMENTATION * acts)

@@ -219,7 +219,8 @@ def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
     per_module = ti.profile.framework is Framework.DEEPSPEED
     memory = substage_memory(ti.model, ti.seq_len, cfg, layers, emb, head, in_flight,
                              ti.calib.offload_resident, flash, per_module, fp8, cf,
-                             ti.grad_bytes, ti.fp8_params)
+                             ti.grad_bytes, ti.fp8_params,
+                             ti.calib.cross_entropy.held_bytes_per_logit)
     return SubStageCosts(fwd, bwd, memory, dp_s, optimizer)
 
 
@@ -321,7 +322,8 @@ def island_substage_memory(model: ModelSpec, island: Island, seq_len: int, cfg: 
     return substage_memory(model, seq_len, cfg, layers, emb, head, in_flight,
                            calib.offload_resident, ti.attention_eff is not None,
                            runtime.framework is Framework.DEEPSPEED, _fp8(island, runtime),
-                           calib.moe_capacity_factor, ti.grad_bytes, ti.fp8_params)
+                           calib.moe_capacity_factor, ti.grad_bytes, ti.fp8_params,
+                           calib.cross_entropy.held_bytes_per_logit)
 
 
 def in_flight_capacity(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays,

@@ -73,3 +73,47 @@ def test_validator_restates_the_loss(kernel):
                       ConfigArrays.of([config]))
     assert fwd == pytest.approx(f.compute[0], rel=1e-9)
     assert bwd == pytest.approx(b.compute[0], rel=1e-9)
+
+
+def test_head_stage_holds_both_copies_of_the_logits():
+    """At the loss the last stage holds the 16-bit logits (``GPTModel.forward`` keeps them while
+    ``compute_language_model_loss`` runs) and the fp32 copy the cross entropy makes and keeps
+    as its softmax: 6 bytes per logit. Llama 3 8B-like head, micro-batch 2 of 8192 tokens,
+    tp 2, one micro-batch held: the head adds 8192 x (4 x 4096 + 6 x 128256) bytes per
+    sequence-parallel shard of 16384 / 2 tokens."""
+    import numpy as np
+
+    from solver.cost.memory import activation_bytes
+
+    model = ModelSpec("llama3-8b", layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8,
+                      vocab=128256)
+    cfg = ConfigArrays.of([StageConfig(tp=2, dp=4, micro_batch=2)])
+    one = np.ones(1)
+
+    def hbm(head: float) -> float:
+        return float(activation_bytes(model, 8192, cfg, 2 * one, head * one, one, 1.0)[0][0])
+
+    assert hbm(1.0) - hbm(0.0) == pytest.approx(8192 * (4 * 4096 + 6 * 128256), rel=1e-12)
+
+
+def test_stage_memory_follows_the_loss_kernel():
+    """The same head stage under Transformer Engine's loss holds 4 bytes per logit less (its
+    gradient overwrites the 16-bit logits; no fp32 copy), plus the allocator's share of them."""
+    import numpy as np
+
+    from solver.cost.reserve import FRAGMENTATION
+    from solver.cost.stage_costs import island_substage_memory
+
+    island = Island.homogeneous("h100", CAT["H100-SXM-80GB"], 8)
+    cfg = ConfigArrays.of([StageConfig(tp=2, dp=4, micro_batch=4)])
+    one = np.ones(1)
+
+    def total(kernel: CrossEntropyKernel) -> float:
+        calib = dataclasses.replace(DEFAULT_CALIBRATION, cross_entropy=kernel)
+        return float(island_substage_memory(SMALL, island, 4096, cfg, 2 * one,
+                                            np.zeros(1, dtype=bool), np.ones(1, dtype=bool),
+                                            one, calib).total[0])
+
+    logits = 16384 / 2 * 131072
+    assert total(CrossEntropyKernel.UNFUSED) - total(CrossEntropyKernel.TE) == pytest.approx(
+        4 * logits * (1 + FRAGMENTATION), rel=1e-12)

@@ -25,7 +25,8 @@ Korthikanti et al. 2022 for activations, recounted for GQA, gated MLPs, MoE, Fla
   micro-batches in flight (1F1B: ``min(P − j, n)`` at sub-stage ``j`` of ``P``; interleaved:
   ``min(2(P − j − 1) + (v − 1)P + 1, n v) / v``); one recomputed layer's working set under full
   recomputation; offload keeps one micro-batch in HBM; the head stage adds ``4h`` per token per
-  micro-batch held and one micro-batch of fp32 logits;
+  micro-batch held and one micro-batch of logits at the loss, the 16-bit ones beside the fp32
+  copy the cross entropy keeps (6 bytes each);
 * the caching allocator's fragmentation, 5 % of the activations.
 
 The cap a stage's count must stay within (:func:`usable_gb`) is re-derived here too: ``(1 − ε)``
@@ -178,7 +179,7 @@ def substage_bytes(m: ModelSpec, seq: int, c, layers: int, emb: bool, head: bool
     if c.recompute is Recompute.FULL:
         acts += _per_token(m, seq, Recompute.NONE, flash, cf, fp8) * tokens
     if head:
-        acts += tokens * (4.0 * m.hidden * in_hbm + 4.0 * m.vocab)
+        acts += tokens * (4.0 * m.hidden * in_hbm + (2.0 + 4.0) * m.vocab)
     return states + acts * (1.0 + _FRAG)
 
 

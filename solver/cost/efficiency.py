@@ -61,7 +61,7 @@ class CrossEntropyKernel(enum.Enum):
     @property
     def bytes_per_logit(self) -> tuple[float, float]:
         """HBM bytes per logit, (forward, backward)."""
-        return {CrossEntropyKernel.UNFUSED: (38.0, 14.0), CrossEntropyKernel.TE: (6.0, 4.0)}[self]
+        return (38.0, 14.0) if self is CrossEntropyKernel.UNFUSED else (6.0, 4.0)
 
     @property
     def held_bytes_per_logit(self) -> float:

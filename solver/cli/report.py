@@ -96,7 +96,8 @@ def job_line(job: JobSpec) -> str:
     types when the job departs from Megatron-LM's defaults."""
     t = job.training
     types = (", bf16 gradients" if t.grad_reduce_bf16 else "") + \
-        (", FP8 weights" if t.fp8_param_gather else "")
+        (", FP8 weights" if t.fp8_param_gather else "") + \
+        (", TE cross entropy" if t.cross_entropy.value == "te" else "")
     return (f"job {job.name}: {job.model.name} on {job.cluster.name} "
             f"({job.cluster.total_gpus} GPUs), batch {t.global_batch} x {t.seq_len} tokens"
             + types)
@@ -114,7 +115,7 @@ def job_json(job: JobSpec) -> dict[str, Any]:
             "n_micro": "auto" if t.n_micro is None else t.n_micro,
             "framework": job.planner.framework.value, "precision": t.precision.value,
             "grad_reduce": "bf16" if t.grad_reduce_bf16 else "fp32",
-            "fp8_param_gather": t.fp8_param_gather}
+            "fp8_param_gather": t.fp8_param_gather, "cross_entropy": t.cross_entropy.value}
 
 
 def island_rows(islands: Sequence[Island]) -> list[dict[str, Any]]:

@@ -37,41 +37,6 @@ class AttentionKernel(enum.Enum):
     UNFUSED = "unfused"
 
 
-class CrossEntropyKernel(enum.Enum):
-    """How the loss runs over the vocabulary-parallel logits (a property of the training software),
-    with the HBM bytes per logit it moves in the forward and the backward pass.
-
-    ``UNFUSED``: Megatron-LM's default, ``vocab_parallel_cross_entropy``
-    (``megatron/core/tensor_parallel/cross_entropy.py``, ``VocabParallelCrossEntropy``; the
-    same sequence in 2021's ``megatron/mpu/cross_entropy.py``), one PyTorch kernel per step.
-    Forward: cast the 16-bit logits to fp32 (read 2, write 4), max (read 4), subtract it in place
-    (read 4, write 4), ``exp`` in place (4 + 4), sum (4), divide in place (4 + 4): 38 bytes.
-    Backward: scale the saved softmax by the incoming gradient in place (4 + 4) and cast it back
-    to 16 bits for the head's GEMMs (4 + 2): 14 bytes.
-    ``TE``: Transformer Engine's fused ``parallel_cross_entropy`` (Megatron-Core
-    ``--cross-entropy-loss-fusion --cross-entropy-fusion-impl te``; Triton kernels of
-    ``transformer_engine/pytorch/triton/cross_entropy.py``, v2.9): an online-softmax pass reading
-    the 16-bit logits (2), a second pass reading them again and writing the 16-bit gradient in
-    their place (2 + 2): 6 bytes; backward, the gradient scaled in place (2 + 2): 4 bytes.
-    """
-
-    UNFUSED = "unfused"
-    TE = "te"
-
-    @property
-    def bytes_per_logit(self) -> tuple[float, float]:
-        """HBM bytes per logit, (forward, backward)."""
-        return (38.0, 14.0) if self is CrossEntropyKernel.UNFUSED else (6.0, 4.0)
-
-    @property
-    def held_bytes_per_logit(self) -> float:
-        """Bytes per logit held at the loss. Unfused: the fp32 copy ``calculate_logits_max``
-        makes and keeps as the softmax for backward, beside the 16-bit logits that
-        ``GPTModel.forward`` still holds while the loss runs, 6. Transformer Engine: the
-        gradient written over the 16-bit logits, 2."""
-        return 6.0 if self is CrossEntropyKernel.UNFUSED else 2.0
-
-
 @dataclass(frozen=True)
 class Calibration:
     """The cost model's efficiency constants, in one place.
@@ -118,9 +83,6 @@ class Calibration:
     attention : AttentionKernel
         Attention implementation of the software stack (default: FlashAttention where the GPU
         has a fused kernel).
-    cross_entropy : CrossEntropyKernel
-        Loss implementation of the software stack (default: Megatron-LM's unfused one, what a
-        launch without ``--cross-entropy-loss-fusion`` runs).
     unfused_attention_eff : float
         Fraction of peak of an unfused attention core on the full-square FLOPs (the score
         matrix's softmax/dropout HBM traffic included). Fitted on Megatron-LM 2021.
@@ -166,7 +128,6 @@ class Calibration:
     gemm_latency_s: float = 6.24e-6
     gemm_in_training: float = 0.75
     attention: AttentionKernel = AttentionKernel.FLASH
-    cross_entropy: CrossEntropyKernel = CrossEntropyKernel.UNFUSED
     unfused_attention_eff: float = 0.1887
     elementwise_bytes: float = 16.61
     hbm_eff: float = 0.80

@@ -28,17 +28,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.cost.efficiency import CrossEntropyKernel
 from solver.cost.reserve import FRAGMENTATION
 from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, expert_tp, recomputed_layers
-from solver.spec.domain import ModelSpec, Recompute
+from solver.spec.domain import CrossEntropyKernel, ModelSpec, Recompute
 
 WEIGHT_BYTES = 2.0      # bf16 weights
 GRAD_BYTES = 4.0        # fp32 main gradients (Megatron-LM, bf16 training)
 GRAD_BF16_BYTES = 2.0   # bf16 gradient buffers (--grad-reduce-in-bf16)
 OPTIMIZER_BYTES = 12.0  # fp32 master weights + Adam m + v
 #: Per logit at Megatron-LM's unfused loss, the default (see
-#: :attr:`~solver.cost.efficiency.CrossEntropyKernel.held_bytes_per_logit`).
+#: :attr:`~solver.spec.enums.CrossEntropyKernel.held_bytes_per_logit`).
 LOGIT_BYTES = CrossEntropyKernel.UNFUSED.held_bytes_per_logit
 ZERO3_PREFETCH_LAYERS = 2.0  # gathered layers held by ZeRO-3 (current + prefetched)
 FP8_CACHE_BYTES = 2.0   # Transformer Engine's cached FP8 weight and its transpose, per param

@@ -17,8 +17,8 @@ import numpy as np
 from solver.cost.runtime.frameworks import Runtime
 from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, StageConfig
 from solver.cost.stage_costs import StageCosts
-from solver.spec.domain import (Constraints, FeaturePreset, Framework, ModelSpec, Precision,
-                                Schedule)
+from solver.spec.domain import (Constraints, CrossEntropyKernel, FeaturePreset, Framework,
+                                ModelSpec, Precision, Schedule)
 
 __all__ = ["MemoryBreakdown", "PartialPlan", "PlanContext", "SliceBatch", "partial_plans"]
 
@@ -61,6 +61,8 @@ class PlanContext:
     grad_reduce_bf16, fp8_param_gather : bool
         The job's gradient buffers and weights (:class:`~solver.cost.runtime.frameworks.
         Runtime`); FP8 weights also restrict ZeRO to the distributed optimizer.
+    cross_entropy : CrossEntropyKernel
+        The job's loss kernel.
     """
 
     seq_len: int
@@ -77,13 +79,14 @@ class PlanContext:
     constraints: Constraints | None = None
     grad_reduce_bf16: bool = False
     fp8_param_gather: bool = False
+    cross_entropy: CrossEntropyKernel = CrossEntropyKernel.UNFUSED
 
     @property
     def runtime(self) -> Runtime:
         """What the cost model prices the stage under."""
         return Runtime(self.framework or Framework.MEGATRON_CORE, self.precision,
                        grad_reduce_bf16=self.grad_reduce_bf16,
-                       fp8_param_gather=self.fp8_param_gather)
+                       fp8_param_gather=self.fp8_param_gather, cross_entropy=self.cross_entropy)
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,7 @@ def _time_inputs(model: ModelSpec, island: Island, seq_len: int, calib: Calibrat
     return TimeInputs(model, seq_len, peak, sixteen, GemmKernel.of(island, prec, calib), attention,
                       Links.of(island, calib), calib, runtime.profile, runtime.overlap, head,
                       cast_bytes(island, prec, fp8), runtime.grad_bytes,
-                      fp8 and runtime.fp8_param_gather)
+                      fp8 and runtime.fp8_param_gather, runtime.cross_entropy)
 
 
 def attention_fused(island: Island, calib: Calibration, runtime: Runtime) -> bool:
@@ -220,7 +220,7 @@ def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
     memory = substage_memory(ti.model, ti.seq_len, cfg, layers, emb, head, in_flight,
                              ti.calib.offload_resident, flash, per_module, fp8, cf,
                              ti.grad_bytes, ti.fp8_params,
-                             ti.calib.cross_entropy.held_bytes_per_logit)
+                             ti.loss.held_bytes_per_logit)
     return SubStageCosts(fwd, bwd, memory, dp_s, optimizer)
 
 
@@ -323,7 +323,7 @@ def island_substage_memory(model: ModelSpec, island: Island, seq_len: int, cfg: 
                            calib.offload_resident, ti.attention_eff is not None,
                            runtime.framework is Framework.DEEPSPEED, _fp8(island, runtime),
                            calib.moe_capacity_factor, ti.grad_bytes, ti.fp8_params,
-                           calib.cross_entropy.held_bytes_per_logit)
+                           ti.loss.held_bytes_per_logit)
 
 
 def in_flight_capacity(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays,

@@ -51,7 +51,7 @@ from solver.cost.efficiency import (
 from solver.cost.fp8_casts import layer_cast_bytes
 from solver.cost.runtime.frameworks import FrameworkProfile
 from solver.cost.stage import ConfigArrays, expert_tp
-from solver.spec.domain import ModelSpec
+from solver.spec.domain import CrossEntropyKernel, ModelSpec
 
 MOE_PERMUTE_BYTES = 8.0   # bytes per hidden element per routed copy: permute + unpermute r/w
 MOE_SORT_BYTES = 8.0      # the same for the sort by local expert and its inverse (r/w each)
@@ -149,6 +149,8 @@ class TimeInputs:
         Runtime.grad_bytes`).
     fp8_params : bool
         The weights are stored in FP8 (``--fp8-param-gather`` with FP8 GEMMs).
+    loss : CrossEntropyKernel
+        The loss kernel (:attr:`~solver.cost.runtime.frameworks.Runtime.cross_entropy`).
     """
 
     model: ModelSpec
@@ -165,6 +167,7 @@ class TimeInputs:
     fp8_cast: tuple[float, float] = (0.0, 0.0)
     grad_bytes: float = 4.0
     fp8_params: bool = False
+    loss: CrossEntropyKernel = CrossEntropyKernel.UNFUSED
 
 
 def tokens_per_gpu(cfg: ConfigArrays, seq_len: int) -> np.ndarray:
@@ -329,9 +332,9 @@ def embedding_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Comp
 
 def head_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Components]:
     """LM head and loss: logits GEMM ``(n, V/tp, h)`` in 16 bits, the cross entropy over
-    ``n V / tp`` logits (HBM bytes per logit per pass: the software's
-    :class:`~solver.cost.efficiency.CrossEntropyKernel`), an all-gather of the final hidden states (fwd) and a reduce-scatter
-    (bwd)."""
+    ``n V / tp`` logits (HBM bytes per logit per pass: the job's
+    :class:`~solver.spec.enums.CrossEntropyKernel`), an all-gather of the final hidden states
+    (fwd) and a reduce-scatter (bwd)."""
     m = ti.model
     n = tokens_per_gpu(cfg, ti.seq_len)
     # 16-bit even when the layers run FP8 (TimeInputs.head_gemm).
@@ -340,7 +343,7 @@ def head_times(ti: TimeInputs, cfg: ConfigArrays) -> tuple[Components, Component
     gemm = kernel.seconds(2 * n * m.hidden * m.vocab / cfg.tp, n, m.vocab / cfg.tp, m.hidden,
                           peak)
     per_logit = n * m.vocab / cfg.tp / ti.links.hbm_bw
-    loss_fwd, loss_bwd = (b * per_logit for b in ti.calib.cross_entropy.bytes_per_logit)
+    loss_fwd, loss_bwd = (b * per_logit for b in ti.loss.bytes_per_logit)
     bw, lat = ti.links.select(cfg.tp)
     one = ring_time(n * m.hidden * 2.0, cfg.tp, bw, lat)
     return (Components(compute=gemm + loss_fwd, tp=tp_exposed(ti, one, gemm, cfg.tp)),

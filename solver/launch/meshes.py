@@ -18,7 +18,7 @@ from solver.cost.stage import substage_layers
 from solver.launch.errors import NotExpressible
 from solver.launch.model_flags import model_flags
 from solver.planner.plan import Plan
-from solver.spec.domain import Node, Precision, Recompute
+from solver.spec.domain import CrossEntropyKernel, Node, Precision, Recompute
 
 __all__ = ["Mesh", "NotExpressible", "meshes", "micro_batch_size", "model_flags",
            "nodes_in_rank_order", "optimizer_flags", "precision_flags", "slots", "vendor_check"]
@@ -134,12 +134,15 @@ def precision_flags(plan: Plan) -> dict[str, object]:
 
 
 def state_type_flags(plan: Plan) -> dict[str, object]:
-    """``--grad-reduce-in-bf16`` and ``--fp8-param-gather`` where the job asks for them
-    (Megatron-LM's ``_add_mixed_precision_args`` and ``_add_transformer_engine_args``, both
-    present from ``core_v0.14.0``, the Megatron-LM FlagScale pins)."""
+    """``--grad-reduce-in-bf16``, ``--fp8-param-gather`` and ``--cross-entropy-loss-fusion
+    --cross-entropy-fusion-impl te`` where the job asks for them (Megatron-LM's
+    ``_add_mixed_precision_args``, ``_add_transformer_engine_args`` and
+    ``_add_training_args``, all present at 8479eb3, the Megatron-LM FlagScale pins)."""
     t = plan.job.training
     return ({"grad_reduce_in_bf16": True} if t.grad_reduce_bf16 else {}) | \
-        ({"fp8_param_gather": True} if t.fp8_param_gather else {})
+        ({"fp8_param_gather": True} if t.fp8_param_gather else {}) | \
+        ({"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "te"}
+         if t.cross_entropy is CrossEntropyKernel.TE else {})
 
 
 def optimizer_flags(plan: Plan) -> dict[str, object]:

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from solver.cost.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, least_state_bytes
 from solver.cost.reserve import usable_bytes
-from solver.cost.runtime.frameworks import state_types
 from solver.spec.domain import Island, ModelSpec, Precision, Pruning
 
 STATE_BYTES_PER_PARAM = WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES
@@ -150,7 +149,7 @@ def bound_window(islands: tuple[Island, ...], island: Island, layers: int, work:
 
 def job_state_bytes(job) -> float:
     """The job's fewest model-state bytes per parameter (its gradient buffers and weights)."""
-    return least_state_bytes(**state_types(job))
+    return least_state_bytes(job.training.grad_reduce_bf16, job.training.fp8_param_gather)
 
 
 def memory_cap(model: ModelSpec, island: Island, epsilon: float, embedding: bool,

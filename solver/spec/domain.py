@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from solver.spec.constraints import Constraints
-from solver.spec.enums import (FeaturePreset, Framework, Precision, Pruning, Recompute, Schedule,
-                               SolverKind)
+from solver.spec.enums import (CrossEntropyKernel, FeaturePreset, Framework, Precision, Pruning,
+                               Recompute, Schedule, SolverKind)
 from solver.spec.hardware import ClusterSpec, GPUSpec, Island, Node, NodeGroup
 from solver.spec.model import ModelSpec
 
-__all__ = ["ClusterSpec", "Constraints", "FeaturePreset", "Framework", "GPUSpec", "Island", "JobSpec",
+__all__ = ["ClusterSpec", "Constraints", "CrossEntropyKernel", "FeaturePreset", "Framework", "GPUSpec", "Island", "JobSpec",
            "ModelSpec", "Node", "NodeGroup", "PlannerOptions", "Precision", "Pruning", "Recompute",
            "Schedule", "SolverKind", "TrainingSpec"]
 
@@ -41,6 +41,9 @@ class TrainingSpec:
     fp8_param_gather : bool
         FP8 weights as the parameters (``--fp8-param-gather``; an FP8 precision, and the
         distributed optimizer on every stage).
+    cross_entropy : CrossEntropyKernel
+        The loss kernel: Megatron-LM's unfused default, or Transformer Engine's fused one
+        (``--cross-entropy-loss-fusion --cross-entropy-fusion-impl te``).
     """
 
     global_batch: int
@@ -49,6 +52,7 @@ class TrainingSpec:
     precision: "Precision" = None  # type: ignore[assignment]
     grad_reduce_bf16: bool = False
     fp8_param_gather: bool = False
+    cross_entropy: CrossEntropyKernel = CrossEntropyKernel.UNFUSED
 
     def __post_init__(self) -> None:
         if self.precision is None:

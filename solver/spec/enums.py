@@ -99,3 +99,39 @@ class SolverKind(enum.Enum):
     CPSAT = "cpsat"
     MILP = "milp"
     BRUTE = "brute"
+
+
+class CrossEntropyKernel(enum.Enum):
+    """How the loss runs over the vocabulary-parallel logits (``[training] cross_entropy``, a
+    property of the training software), with the HBM bytes per logit it moves in the forward and
+    the backward pass and holds at the loss.
+
+    ``UNFUSED``: Megatron-LM's default, ``vocab_parallel_cross_entropy``
+    (``megatron/core/tensor_parallel/cross_entropy.py``, ``VocabParallelCrossEntropy``; the
+    same sequence in 2021's ``megatron/mpu/cross_entropy.py``), one PyTorch kernel per step.
+    Forward: cast the 16-bit logits to fp32 (read 2, write 4), max (read 4), subtract it in place
+    (read 4, write 4), ``exp`` in place (4 + 4), sum (4), divide in place (4 + 4): 38 bytes.
+    Backward: scale the saved softmax by the incoming gradient in place (4 + 4) and cast it back
+    to 16 bits for the head's GEMMs (4 + 2): 14 bytes.
+    ``TE``: Transformer Engine's fused ``parallel_cross_entropy`` (Megatron-Core
+    ``--cross-entropy-loss-fusion --cross-entropy-fusion-impl te``; Triton kernels of
+    ``transformer_engine/pytorch/triton/cross_entropy.py``, v2.9): an online-softmax pass reading
+    the 16-bit logits (2), a second pass reading them again and writing the 16-bit gradient in
+    their place (2 + 2): 6 bytes; backward, the gradient scaled in place (2 + 2): 4 bytes.
+    """
+
+    UNFUSED = "unfused"
+    TE = "te"
+
+    @property
+    def bytes_per_logit(self) -> tuple[float, float]:
+        """HBM bytes per logit, (forward, backward)."""
+        return (38.0, 14.0) if self is CrossEntropyKernel.UNFUSED else (6.0, 4.0)
+
+    @property
+    def held_bytes_per_logit(self) -> float:
+        """Bytes per logit held at the loss. Unfused: the fp32 copy ``calculate_logits_max``
+        makes and keeps as the softmax for backward, beside the 16-bit logits that
+        ``GPTModel.forward`` still holds while the loss runs, 6. Transformer Engine: the
+        gradient written over the 16-bit logits, 2."""
+        return 6.0 if self is CrossEntropyKernel.UNFUSED else 2.0

@@ -4,7 +4,7 @@ precision and the state types (gradient buffers, FP8 weights), each checked thro
 
 from __future__ import annotations
 
-from solver.spec.domain import Precision, TrainingSpec
+from solver.spec.domain import CrossEntropyKernel, Precision, TrainingSpec
 from solver.spec.fields import Fields
 
 
@@ -21,15 +21,19 @@ def read_training(f: Fields) -> TrainingSpec:
     else:
         raise f.error("n_micro", f"must be \"auto\" or an integer in 1..global_batch ({gb}), got {raw!r}")
     precision = f.get_enum("precision", Precision, Precision.BF16)
-    grads_bf16, fp8_params = read_state_types(f, precision)
+    grads_bf16, fp8_params, loss = read_state_types(f, precision)
     f.done()
-    return TrainingSpec(gb, seq, n, precision, grads_bf16, fp8_params)
+    return TrainingSpec(gb, seq, n, precision, grads_bf16, fp8_params, loss)
 
 
-def read_state_types(f: Fields, precision: Precision) -> tuple[bool, bool]:
-    """``grad_reduce`` ("fp32" | "bf16") and ``fp8_param_gather`` of a ``[training]`` table:
-    Megatron-LM's ``--grad-reduce-in-bf16`` and ``--fp8-param-gather``; FP8 weights need an
-    FP8 precision (``validate_args`` in ``megatron/training/arguments.py``)."""
+def read_state_types(f: Fields, precision: Precision
+                     ) -> tuple[bool, bool, CrossEntropyKernel]:
+    """``grad_reduce`` ("fp32" | "bf16"), ``fp8_param_gather`` and ``cross_entropy``
+    ("unfused" | "te") of a ``[training]`` table: Megatron-LM's ``--grad-reduce-in-bf16``,
+    ``--fp8-param-gather`` and ``--cross-entropy-loss-fusion --cross-entropy-fusion-impl te``;
+    FP8 weights need an FP8 precision (``validate_args`` in ``megatron/training/arguments.py``).
+    Which frameworks run the fused loss is the runtime's rule
+    (:func:`~solver.cost.runtime.runtime_rules.loss_kernel_problem`)."""
     grads = f.get("grad_reduce", str, "fp32")
     f.check("grad_reduce", grads in ("fp32", "bf16"), f'one of fp32, bf16, got "{grads}"')
     f.check("grad_reduce", grads == "fp32" or precision is not Precision.FP16,
@@ -38,4 +42,5 @@ def read_state_types(f: Fields, precision: Precision) -> tuple[bool, bool]:
     fp8_params = f.get("fp8_param_gather", bool, False)
     f.check("fp8_param_gather", not fp8_params or precision.is_fp8,
             f"FP8 weights need an FP8 precision, got {precision.value}")
-    return grads == "bf16", fp8_params
+    loss = f.get_enum("cross_entropy", CrossEntropyKernel, CrossEntropyKernel.UNFUSED)
+    return grads == "bf16", fp8_params, loss

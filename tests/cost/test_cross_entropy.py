@@ -17,17 +17,16 @@ Sources, counted by hand from the code (one HBM read or write per tensor a kerne
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
-from solver.cost.efficiency import DEFAULT_CALIBRATION, CrossEntropyKernel
+from solver.cost.efficiency import DEFAULT_CALIBRATION
 from solver.cost.runtime.frameworks import Runtime, profile
 from solver.cost.stage import ConfigArrays, StageConfig
 from solver.cost.stage_costs import _time_inputs
 from solver.cost.timing import head_times
 from solver.planner.check.time_check import _head, _setup
-from solver.spec.domain import Framework, Island, ModelSpec, Precision
+from solver.spec.domain import (CrossEntropyKernel, Framework, Island, ModelSpec, Precision,
+                                TrainingSpec)
 from solver.spec.loaders import load_catalog
 
 CAT = load_catalog()
@@ -39,7 +38,8 @@ SMALL = ModelSpec("gpt-small", layers=24, hidden=2048, ffn=8192, heads=16, kv_he
 def test_bytes_per_logit_by_hand():
     assert CrossEntropyKernel.UNFUSED.bytes_per_logit == (2 + 4 + 4 + 8 + 8 + 4 + 8, 8 + 6)
     assert CrossEntropyKernel.TE.bytes_per_logit == (2 + 2 + 2, 2 + 2)
-    assert DEFAULT_CALIBRATION.cross_entropy is CrossEntropyKernel.UNFUSED
+    assert Runtime().cross_entropy is CrossEntropyKernel.UNFUSED
+    assert TrainingSpec(8, 4096).cross_entropy is CrossEntropyKernel.UNFUSED
 
 
 def test_head_pays_the_loss_kernel_bytes():
@@ -51,8 +51,8 @@ def test_head_pays_the_loss_kernel_bytes():
     logits, hbm = 16384 * 65536, 3350e9 * 0.8
     rest, passes = [], []
     for kernel in CrossEntropyKernel:
-        calib = dataclasses.replace(DEFAULT_CALIBRATION, cross_entropy=kernel)
-        f, b = head_times(_time_inputs(SMALL, island, 4096, calib, Runtime()), cfg)
+        runtime = Runtime(cross_entropy=kernel)
+        f, b = head_times(_time_inputs(SMALL, island, 4096, DEFAULT_CALIBRATION, runtime), cfg)
         fb, bb = kernel.bytes_per_logit
         rest.append((f.compute[0] - fb * logits / hbm, b.compute[0] - bb * logits / hbm))
         passes.append(f.compute[0] + b.compute[0])
@@ -64,12 +64,12 @@ def test_head_pays_the_loss_kernel_bytes():
 def test_validator_restates_the_loss(kernel):
     """The independent time check prices the head exactly as the cost model does."""
     island = Island.homogeneous("h100", CAT["H100-SXM-80GB"], 8)
-    calib = dataclasses.replace(DEFAULT_CALIBRATION, cross_entropy=kernel)
+    calib = DEFAULT_CALIBRATION
     prof = profile(Framework.MEGATRON_CORE)
     config = StageConfig(tp=2, dp=4, micro_batch=4)
-    st = _setup(SMALL, 4096, island, calib, prof, Precision.BF16, True, 4.0, False)
+    st = _setup(SMALL, 4096, island, calib, prof, Precision.BF16, True, 4.0, False, kernel.value)
     fwd, fwd_tp, bwd, bwd_tp = _head(st, config, 16384.0)
-    f, b = head_times(_time_inputs(SMALL, island, 4096, calib, Runtime()),
+    f, b = head_times(_time_inputs(SMALL, island, 4096, calib, Runtime(cross_entropy=kernel)),
                       ConfigArrays.of([config]))
     assert fwd == pytest.approx(f.compute[0], rel=1e-9)
     assert bwd == pytest.approx(b.compute[0], rel=1e-9)
@@ -109,10 +109,10 @@ def test_stage_memory_follows_the_loss_kernel():
     one = np.ones(1)
 
     def total(kernel: CrossEntropyKernel) -> float:
-        calib = dataclasses.replace(DEFAULT_CALIBRATION, cross_entropy=kernel)
         return float(island_substage_memory(SMALL, island, 4096, cfg, 2 * one,
                                             np.zeros(1, dtype=bool), np.ones(1, dtype=bool),
-                                            one, calib).total[0])
+                                            one, DEFAULT_CALIBRATION,
+                                            Runtime(cross_entropy=kernel)).total[0])
 
     logits = 16384 / 2 * 131072
     assert total(CrossEntropyKernel.UNFUSED) - total(CrossEntropyKernel.TE) == pytest.approx(

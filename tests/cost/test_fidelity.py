@@ -16,9 +16,9 @@ from solver.cost.fidelity.rows import DEV_SET
 from solver.cost.fidelity.__main__ import main
 from solver.cost.fidelity.evaluate import (calibration_of, framework_of, model_of, refusal,
                                            setups)
-from solver.cost.efficiency import AttentionKernel, CrossEntropyKernel
+from solver.cost.efficiency import AttentionKernel
 from solver.cost.stage import StageConfig
-from solver.spec.domain import Framework
+from solver.spec.domain import CrossEntropyKernel, Framework
 from solver.spec.loaders import load_catalog
 
 ROWS = {r.id: r for r in load_rows()}
@@ -126,10 +126,12 @@ def test_bridge_rows_run_bf16_gradients_and_fp8_weights():
 def test_bridge_rows_run_transformer_engine_cross_entropy():
     """Megatron-Bridge's performance overrides set ``cross_entropy_fusion_impl = "te"``; every
     other source ran Megatron-LM's unfused loss, and the report says which."""
-    assert calibration_of(ROWS["bridge-gb200-llama3-8b-fp8"]).cross_entropy is \
-        CrossEntropyKernel.TE
+    def kernel(row_id: str) -> CrossEntropyKernel:
+        return setups(ROWS[row_id], CATALOG, 0.0)[0][0].runtime.cross_entropy
+
+    assert kernel("bridge-gb200-llama3-8b-fp8") is CrossEntropyKernel.TE
     for other in ("mcore-h100-1.7B", "korthikanti-22B-full", "sc21-ptdp-96L-384"):
-        assert calibration_of(ROWS[other]).cross_entropy is CrossEntropyKernel.UNFUSED
+        assert kernel(other) is CrossEntropyKernel.UNFUSED
     assert "TE cross entropy" in evaluate_row(ROWS["bridge-gb200-llama3-8b-fp8"],
                                               CATALOG).priced_as
     assert "cross entropy" not in evaluate_row(ROWS["mcore-h100-1.7B"], CATALOG).priced_as

@@ -24,7 +24,8 @@ from solver.cost.stage_costs import (
     stage_costs,
 )
 from solver.cost.runtime.frameworks import Runtime
-from solver.spec.domain import Framework, Island, ModelSpec, Precision, Schedule
+from solver.spec.domain import (CrossEntropyKernel, Framework, Island, ModelSpec, Precision,
+                               Schedule)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class EstimateSetup:
     grad_reduce_bf16, fp8_param_gather : bool
         Gradient buffers in bf16 and FP8 weights as the parameters
         (:class:`~solver.cost.runtime.frameworks.Runtime`).
+    cross_entropy : CrossEntropyKernel
+        The loss kernel.
     """
 
     model: ModelSpec
@@ -82,12 +85,13 @@ class EstimateSetup:
     auto_virtual_stages: bool = False
     grad_reduce_bf16: bool = False
     fp8_param_gather: bool = False
+    cross_entropy: CrossEntropyKernel = CrossEntropyKernel.UNFUSED
 
     @property
     def runtime(self) -> Runtime:
-        """Framework, precision, gradient buffers and weights."""
+        """Framework, precision, gradient buffers, weights and loss kernel."""
         return Runtime(self.framework, self.precision, grad_reduce_bf16=self.grad_reduce_bf16,
-                       fp8_param_gather=self.fp8_param_gather)
+                       fp8_param_gather=self.fp8_param_gather, cross_entropy=self.cross_entropy)
 
 
 @dataclass(frozen=True)

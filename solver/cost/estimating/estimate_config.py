@@ -22,6 +22,8 @@ Format (TOML)::
                                   #   buffers (--grad-reduce-in-bf16)
     fp8_param_gather = false      # optional: FP8 weights as the parameters (--fp8-param-gather;
                                   #   an FP8 precision and zero >= 1)
+    cross_entropy = "unfused"     # optional: unfused (Megatron-LM's default) | te (Transformer
+                                  #   Engine's fused loss; megatron-core and flagscale)
 
     [parallel]
     tp = 8
@@ -52,7 +54,8 @@ import dataclasses
 
 from solver.cost.efficiency import DEFAULT_CALIBRATION, AttentionKernel, Calibration
 from solver.cost.estimating.estimate import EstimateSetup
-from solver.cost.runtime.frameworks import interleaving_allowed, profile, violations
+from solver.cost.runtime.frameworks import (interleaving_allowed, loss_kernel_problem, profile,
+                                            violations)
 from solver.cost.stage import StageConfig
 from solver.spec.domain import Framework, GPUSpec, Island, ModelSpec, Precision, Recompute, Schedule
 from solver.spec.errors import InputError
@@ -77,13 +80,16 @@ def load_estimate_setup(path: Path | str, catalog: dict[str, GPUSpec] | None = N
     global_batch = tf.get("global_batch", int, lo=1, hi=10**7)
     seq_len = tf.get("seq_len", int, lo=1, hi=10**7)
     precision = tf.get_enum("precision", Precision, Precision.BF16)
-    grads_bf16, fp8_params = read_state_types(tf, precision)
+    grads_bf16, fp8_params, loss = read_state_types(tf, precision)
     tf.done()
     pf = f.sub("parallel", required=True)
     setup, attention = _parallel(pf, model, island, global_batch, seq_len, epsilon)
     setup = dataclasses.replace(setup, framework=framework, precision=precision,
-                                grad_reduce_bf16=grads_bf16, fp8_param_gather=fp8_params)
+                                grad_reduce_bf16=grads_bf16, fp8_param_gather=fp8_params,
+                                cross_entropy=loss)
     _check_framework(pf, setup)
+    why = loss_kernel_problem(profile(framework), loss)
+    tf.check("cross_entropy", why is None, why or "")
     # Megatron-LM's validate_args: --fp8-param-gather needs the distributed optimizer or an FSDP.
     tf.check("fp8_param_gather", not fp8_params or setup.parallel.zero >= 1,
              "FP8 weights (--fp8-param-gather) need the distributed optimizer or FSDP (zero >= 1)")

@@ -19,14 +19,13 @@ import dataclasses
 import statistics
 from dataclasses import dataclass
 
-from solver.cost.efficiency import (DEFAULT_CALIBRATION, AttentionKernel, Calibration,
-                                    CrossEntropyKernel)
+from solver.cost.efficiency import DEFAULT_CALIBRATION, AttentionKernel, Calibration
 from solver.cost.estimating.estimate import Estimate, EstimateSetup, estimate
 from solver.cost.fidelity.rows import RunRow
 from solver.cost.runtime.frameworks import profile, violations
 from solver.cost.stage import StageConfig
-from solver.spec.domain import (Framework, GPUSpec, Island, ModelSpec, Precision, Recompute,
-                                Schedule)
+from solver.spec.domain import (CrossEntropyKernel, Framework, GPUSpec, Island, ModelSpec,
+                                Precision, Recompute, Schedule)
 
 WITHIN = 0.15  # the issue's band: a row is "within" when |predicted / measured - 1| <= 15 %
 
@@ -194,16 +193,20 @@ BRIDGE_SOURCE = "Megatron-Bridge docs/performance-summary.md"
 
 
 def _state_types(row: RunRow) -> dict:
-    """The gradient buffers and weights the row's software kept. Megatron-Bridge's performance
-    summary ran its performance scripts (``scripts/performance``, at 97ad8cc6 for the 25.11
-    table): every model's common settings set ``ddp.grad_reduce_in_fp32 = False`` (bf16
-    gradient buffers), and its FP8 precisions (``utils/precision.py``:
-    ``bf16_with_fp8_current_scaling_mixed``, ``bf16_with_mxfp8_mixed``) set
-    ``fp8_param_gather = True``. Every other source ran Megatron-LM's defaults."""
+    """The gradient buffers, weights and loss kernel the row's software ran. Megatron-Bridge's
+    performance summary ran its performance scripts (``scripts/performance``, at 97ad8cc6 for
+    the 25.11 table): every model's common settings set ``ddp.grad_reduce_in_fp32 = False``
+    (bf16 gradient buffers) and ``recipe.model.cross_entropy_fusion_impl = "te"``
+    (``_set_common_perf_overrides``, ``utils/overrides.py``, with Bridge's default
+    ``cross_entropy_loss_fusion = True``: Transformer Engine's fused loss), and its FP8
+    precisions (``utils/precision.py``: ``bf16_with_fp8_current_scaling_mixed``,
+    ``bf16_with_mxfp8_mixed``) set ``fp8_param_gather = True``. Every other source ran
+    Megatron-LM's defaults (the unfused loss)."""
     if BRIDGE_SOURCE not in row.source:
         return {}
     return {"grad_reduce_bf16": True,
-            "fp8_param_gather": precision_of(row.precision).is_fp8}
+            "fp8_param_gather": precision_of(row.precision).is_fp8,
+            "cross_entropy": CrossEntropyKernel.TE}
 
 
 def calibration_of(row: RunRow) -> Calibration:
@@ -216,10 +219,6 @@ def calibration_of(row: RunRow) -> Calibration:
     - Benchmarks that state force-balanced, dropless routing send every expert rank exactly its
       balanced share: the busiest rank's load factor is 1, not the capacity factor of a
       learned router.
-    - Megatron-Bridge's performance scripts run Transformer Engine's fused cross entropy
-      (``recipe.model.cross_entropy_fusion_impl = "te"`` in ``_set_common_perf_overrides``,
-      ``scripts/performance/utils/overrides.py`` at 97ad8cc6, with Bridge's default
-      ``cross_entropy_loss_fusion = True``); every other source ran Megatron-LM's unfused one.
     """
     calib = DEFAULT_CALIBRATION
     if "SC'21" in row.source:
@@ -227,8 +226,6 @@ def calibration_of(row: RunRow) -> Calibration:
                                     zero3_prefetch=False)
     if row.experts and "force-balanced" in row.notes:
         calib = dataclasses.replace(calib, moe_capacity_factor=1.0)
-    if BRIDGE_SOURCE in row.source:
-        calib = dataclasses.replace(calib, cross_entropy=CrossEntropyKernel.TE)
     return calib
 
 
@@ -258,7 +255,7 @@ def evaluate_row(row: RunRow, catalog: dict[str, GPUSpec], epsilon: float = 0.0)
         chosen.append("bf16 gradients")
     if tries[0].fp8_param_gather:
         chosen.append("FP8 weights")
-    if calib.cross_entropy is CrossEntropyKernel.TE:
+    if tries[0].cross_entropy is CrossEntropyKernel.TE:
         chosen.append("TE cross entropy")
     priced = ", ".join(chosen + ([note] if note else []))
     return RowResult(row.id, measured, est.iteration_time_s, est.memory.total, est.fits, priced)

@@ -55,22 +55,22 @@ from types import MappingProxyType
 from solver.cost.memory import GRAD_BF16_BYTES, GRAD_BYTES
 from solver.cost.runtime.profile import FrameworkProfile
 from solver.cost.runtime.runtime_rules import (cp_allowed, expert_parallel_sizes, job_rules,
-                                               mixed_kinds_note, precision_problem,
-                                               shared_embedding_problems, tp_allowed,
-                                               vendor_problem)
-from solver.spec.domain import Framework, Precision, Recompute
+                                               loss_kernel_problem, mixed_kinds_note,
+                                               precision_problem, shared_embedding_problems,
+                                               tp_allowed, vendor_problem)
+from solver.spec.domain import CrossEntropyKernel, Framework, Precision, Recompute
 
 __all__ = ["PROFILES", "FrameworkProfile", "Runtime", "cp_allowed", "expert_parallel_sizes",
-           "interleaving_allowed", "job_runtime", "megatron_interleaves", "mixed_kinds_note",
-           "precision_problem", "profile", "shared_embedding_problems", "tp_allowed",
-           "vendor_problem", "violations", "zero_choices"]
+           "interleaving_allowed", "job_runtime", "loss_kernel_problem", "megatron_interleaves",
+           "mixed_kinds_note", "precision_problem", "profile", "shared_embedding_problems",
+           "tp_allowed", "vendor_problem", "violations", "zero_choices"]
 
 
 _ALL_RC = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 _MEGATRON = dict(zero_pipelined=(0, 1), zero_single=(0, 1), uniform_zero=True, offload=False,
                  ep=True, overlap_grad_reduce=True, overlap_param_gather=True,
                  tp_comm_overlap=True, zero2_per_microbatch=False, grad_bucket_params=4e7,
-                 zero3_live_params=0.0, unfused_attention=False)
+                 zero3_live_params=0.0, unfused_attention=False, fused_loss=True)
 
 PROFILES = MappingProxyType({
     Framework.FLAGSCALE: FrameworkProfile(
@@ -124,6 +124,9 @@ class Runtime:
         Bridge's ``ddp.grad_reduce_in_fp32 = False``): 2 bytes per parameter instead of the
         fp32 4 that Megatron-LM sets for bf16 (``validate_args`` in
         ``megatron/training/arguments.py`` turns on ``accumulate_allreduce_grads_in_fp32``).
+    cross_entropy : CrossEntropyKernel
+        The loss kernel (``[training] cross_entropy``): what the LM head's loss moves through
+        HBM and holds (:class:`~solver.spec.enums.CrossEntropyKernel`).
     fp8_param_gather : bool
         Under FP8, the weights are stored as Transformer Engine FP8 tensors
         (``--fp8-param-gather``, which Megatron-LM allows only with the distributed optimizer or
@@ -136,6 +139,7 @@ class Runtime:
     overlap: bool = True
     grad_reduce_bf16: bool = False
     fp8_param_gather: bool = False
+    cross_entropy: CrossEntropyKernel = CrossEntropyKernel.UNFUSED
 
     @property
     def grad_bytes(self) -> float:
@@ -153,11 +157,12 @@ class Runtime:
 
 
 def state_types(job) -> dict:
-    """A job's gradient-buffer type and FP8 weights (``[training] grad_reduce``,
-    ``fp8_param_gather``) as keywords of :class:`Runtime` and
+    """A job's gradient-buffer type, FP8 weights and loss kernel (``[training] grad_reduce``,
+    ``fp8_param_gather``, ``cross_entropy``) as keywords of :class:`Runtime` and
     :class:`~solver.cost.partial.PlanContext`."""
     return {"grad_reduce_bf16": job.training.grad_reduce_bf16,
-            "fp8_param_gather": job.training.fp8_param_gather}
+            "fp8_param_gather": job.training.fp8_param_gather,
+            "cross_entropy": job.training.cross_entropy}
 
 
 def job_runtime(job) -> Runtime:

@@ -94,6 +94,14 @@ class FrameworkProfile:
         (its EP groups span data-parallel ranks only, ``deepspeed/utils/groups.py``
         ``_create_expert_and_data_parallel``); DeepSpeed's default, experts replicated over
         the TP ranks, is not priced.
+    fused_loss : bool
+        Runs Transformer Engine's fused cross entropy (``[training] cross_entropy = "te"``):
+        Megatron-Core's ``LanguageModule.compute_language_model_loss``
+        (``megatron/core/models/common/language_module/language_module.py``, Megatron-LM at
+        8479eb3, FlagScale's pin) calls ``te_parallel_cross_entropy`` under
+        ``--cross-entropy-loss-fusion --cross-entropy-fusion-impl te``. Megatron-LM 2021,
+        DeepSpeed and FSDP as profiled here compute the loss outside it
+        (:func:`~solver.cost.runtime.runtime_rules.loss_kernel_problem`).
     """
 
     framework: Framework
@@ -121,6 +129,7 @@ class FrameworkProfile:
     expert_grid: bool = False
     zero3_per_matrix: bool = False
     zero3_reuse_params: float = 0.0
+    fused_loss: bool = False
 
     def zero_stages(self, pipelined: bool) -> tuple[int, ...]:
         """ZeRO stages allowed for a stage of a multi-stage pipeline or a single stage."""

@@ -10,10 +10,10 @@ validator and the exporters take the rules from) and by the search space
 from __future__ import annotations
 
 from solver.cost.runtime.profile import FrameworkProfile
-from solver.spec.domain import Precision
+from solver.spec.domain import CrossEntropyKernel, Precision
 
-__all__ = ["cp_allowed", "expert_parallel_sizes", "job_rules", "mixed_kinds_note",
-           "precision_problem", "shared_embedding_problems", "tp_allowed", "vendor_problem"]
+__all__ = ["cp_allowed", "expert_parallel_sizes", "job_rules", "loss_kernel_problem",
+           "mixed_kinds_note", "precision_problem", "shared_embedding_problems", "tp_allowed", "vendor_problem"]
 
 
 def job_rules(configs, prof: "FrameworkProfile", model=None, precision=None,
@@ -120,6 +120,20 @@ def expert_parallel_sizes(prof: FrameworkProfile, experts: int, tp: int, cp: int
     if span % etp:
         return [1]
     return [e for e in range(1, experts + 1) if experts % e == 0 and (span // etp) % e == 0]
+
+
+def loss_kernel_problem(prof: FrameworkProfile, kernel: CrossEntropyKernel) -> str | None:
+    """Why the job's framework cannot run the loss ``kernel`` (None: it can).
+
+    Transformer Engine's fused cross entropy is a Megatron-Core option: ``--cross-entropy-loss-
+    fusion`` with ``--cross-entropy-fusion-impl te`` (``megatron/training/arguments.py``) makes
+    ``LanguageModule.compute_language_model_loss`` call ``te_parallel_cross_entropy``, and raises
+    when Transformer Engine is absent (:attr:`FrameworkProfile.fused_loss`).
+    """
+    if kernel is CrossEntropyKernel.UNFUSED or prof.fused_loss:
+        return None
+    return (f"cross_entropy \"{kernel.value}\" (Transformer Engine's fused loss) is a "
+            f"Megatron-Core option; {prof.framework.value} computes the loss unfused")
 
 
 def precision_problem(gpu, precision: Precision) -> str | None:

@@ -25,8 +25,9 @@ Korthikanti et al. 2022 for activations, recounted for GQA, gated MLPs, MoE, Fla
   micro-batches in flight (1F1B: ``min(P − j, n)`` at sub-stage ``j`` of ``P``; interleaved:
   ``min(2(P − j − 1) + (v − 1)P + 1, n v) / v``); one recomputed layer's working set under full
   recomputation; offload keeps one micro-batch in HBM; the head stage adds ``4h`` per token per
-  micro-batch held and one micro-batch of logits at the loss, the 16-bit ones beside the fp32
-  copy the cross entropy keeps (6 bytes each);
+  micro-batch held and one micro-batch of logits at the loss: the 16-bit ones beside the fp32
+  copy Megatron-LM's unfused cross entropy keeps (6 bytes each), or the 16-bit ones alone under
+  Transformer Engine's fused loss (2; ``[training] cross_entropy = "te"``);
 * the caching allocator's fragmentation, 5 % of the activations.
 
 The cap a stage's count must stay within (:func:`usable_gb`) is re-derived here too: ``(1 − ε)``
@@ -37,10 +38,15 @@ channel holding NCCL's LL, LL128 and Simple buffers for one peer in and one out)
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from solver.spec.domain import Framework, ModelSpec, Recompute
 
 _W, _G, _O, _FP8 = 2.0, 4.0, 12.0, 2.0
 _FRAG = 0.05                 # allocator fragmentation per byte of activations
+#: Bytes per logit held at the loss: Megatron-LM's unfused loss keeps its fp32 copy (4) beside
+#: the 16-bit logits (2); Transformer Engine's writes the gradient over the 16-bit logits (2).
+_HELD_PER_LOGIT = MappingProxyType({"unfused": 2.0 + 4.0, "te": 2.0})
 _CONTEXT = 2.0 ** 30         # CUDA context, kernels, library workspaces
 # NCCL per channel and peer: LL (8 lines × 512 threads × 8 steps × 16 B), LL128 (120 × 640 × 8
 # steps × 8 B) and Simple (NCCL_BUFFSIZE, 4 MiB); 32 channels, a peer in and out, 3 groups.
@@ -150,10 +156,12 @@ def held_params(m: ModelSpec, c, layers: int, emb: bool, head: bool) -> tuple[fl
 
 def substage_bytes(m: ModelSpec, seq: int, c, layers: int, emb: bool, head: bool, held: float,
                    *, flash: bool, framework: Framework, fp8: bool, cf: float,
-                   grad_bytes: float = _G, fp8_params: bool = False) -> float:
+                   grad_bytes: float = _G, fp8_params: bool = False, loss: str = "unfused"
+                   ) -> float:
     """Per-GPU bytes of one sub-stage running ``layers`` layers with configuration ``c``
     (``grad_bytes``: 2 with bf16 gradient buffers, ``--grad-reduce-in-bf16``; ``fp8_params``:
-    ``--fp8-param-gather``, one byte per weight for the 16-bit weight and its FP8 cache)."""
+    ``--fp8-param-gather``, one byte per weight for the 16-bit weight and its FP8 cache;
+    ``loss``: the loss kernel, ``[training] cross_entropy``)."""
     dense_l, expert_l, largest = _params(m)
     dense, expert = held_params(m, c, layers, emb, head)
     q = c.dp * c.cp
@@ -179,7 +187,7 @@ def substage_bytes(m: ModelSpec, seq: int, c, layers: int, emb: bool, head: bool
     if c.recompute is Recompute.FULL:
         acts += _per_token(m, seq, Recompute.NONE, flash, cf, fp8) * tokens
     if head:
-        acts += tokens * (4.0 * m.hidden * in_hbm + (2.0 + 4.0) * m.vocab)
+        acts += tokens * (4.0 * m.hidden * in_hbm + _HELD_PER_LOGIT[loss] * m.vocab)
     return states + acts * (1.0 + _FRAG)
 
 
@@ -200,7 +208,8 @@ def plan_memory_gb(plan, cf: float, flash_by_stage: list[bool]) -> list[float]:
                 job.model, job.training.seq_len, c, count, emb, head, held, flash=flash,
                 framework=job.planner.framework, fp8=fp8, cf=cf,
                 grad_bytes=2.0 if job.training.grad_reduce_bf16 else _G,
-                fp8_params=job.training.fp8_param_gather))
+                fp8_params=job.training.fp8_param_gather,
+                loss=job.training.cross_entropy.value))
         out.append(worst / 1e9)
         j0 += c.pp
     return out

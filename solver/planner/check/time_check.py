@@ -76,6 +76,7 @@ class _Setup(NamedTuple):
     profile: FrameworkProfile
     grad_bytes: float = 4.0      # gradient buffer bytes per parameter (2: bf16)
     fp8_params: bool = False     # weights stored in FP8 (--fp8-param-gather)
+    loss: str = "unfused"        # the loss kernel ([training] cross_entropy): _LOSS_BYTES
 
 
 def _gemm(st: _Setup, flops: float, m: float, n: float, k: float,
@@ -193,7 +194,7 @@ def _head(st: _Setup, c: StageConfig, n: float) -> tuple[float, float, float, fl
     m, g = st.model, st.gpu
     gemm = _gemm(st, 2 * n * m.hidden * m.vocab / c.tp, n, m.vocab / c.tp, m.hidden, True)
     fwd, bwd = (b * n * m.vocab / c.tp / g.hbm
-                for b in _LOSS_BYTES[st.calib.cross_entropy.value])
+                for b in _LOSS_BYTES[st.loss])
     one = ring(2.0 * n * m.hidden, c.tp, *consecutive(g, c.tp))
     return (gemm + fwd, _tp_exposed(st, one, gemm, c.tp),
             2 * gemm + bwd, _tp_exposed(st, one, 2 * gemm, c.tp))
@@ -217,10 +218,10 @@ def _stored_per_token(st: _Setup, rc: Recompute) -> float:
 
 
 def _setup(model, seq_len, island, calib, profile, precision, overlap,
-           grad_bytes: float = 4.0, fp8_params: bool = False) -> _Setup:
+           grad_bytes: float = 4.0, fp8_params: bool = False, loss: str = "unfused") -> _Setup:
     """Everything the formulas read besides the configuration."""
     gpu = machine(island, precision, calib, profile.unfused_attention)
-    return _Setup(model, seq_len, gpu, calib, overlap, profile, grad_bytes, fp8_params)
+    return _Setup(model, seq_len, gpu, calib, overlap, profile, grad_bytes, fp8_params, loss)
 
 
 def _substage(st: _Setup, c: StageConfig, layers: int, emb: bool, head: bool,
@@ -261,7 +262,8 @@ def substage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageC
                      calib: Calibration = DEFAULT_CALIBRATION, profile: FrameworkProfile,
                      precision: Precision = Precision.BF16, overlap: bool = True,
                      p2p_factor: float = 1.0, grad_bytes: float = 4.0,
-                     fp8_params: bool = False) -> tuple[float, float, float]:
+                     fp8_params: bool = False, loss: str = "unfused"
+                     ) -> tuple[float, float, float]:
     """Seconds of one internal sub-stage running ``layers`` layers under ``cfg``.
 
     Parameters
@@ -287,6 +289,8 @@ def substage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageC
     grad_bytes, fp8_params : float, bool
         Gradient-buffer bytes per parameter (2 with ``--grad-reduce-in-bf16``) and FP8 weights
         (``--fp8-param-gather``): what the data-parallel collectives move.
+    loss : str
+        The loss kernel, ``"unfused"`` or ``"te"`` (``[training] cross_entropy``).
 
     Returns
     -------
@@ -295,7 +299,7 @@ def substage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageC
         iteration, optimizer-step seconds per iteration.
     """
     st = _setup(model, seq_len, island, calib, profile, precision, overlap, grad_bytes,
-               fp8_params)
+               fp8_params, loss)
     return _substage(st, cfg, layers, emb, head, p2p_factor)
 
 
@@ -304,7 +308,8 @@ def stage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageConf
                   calib: Calibration = DEFAULT_CALIBRATION, profile: FrameworkProfile,
                   precision: Precision = Precision.BF16, overlap: bool = True,
                   p2p_factor: float = 1.0, grad_bytes: float = 4.0,
-                  fp8_params: bool = False) -> tuple[list[float], float]:
+                  fp8_params: bool = False, loss: str = "unfused"
+                  ) -> tuple[list[float], float]:
     """Latency of each of the stage's ``cfg.pp`` sub-stages and its per-iteration seconds.
 
     Layers split as :func:`~solver.planner.check.memory_check.layer_counts`; the embedding sits on the
@@ -318,7 +323,7 @@ def stage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageConf
         Per-micro-batch seconds of every sub-stage in order, per-iteration seconds.
     """
     st = _setup(model, seq_len, island, calib, profile, precision, overlap, grad_bytes,
-                fp8_params)
+                fp8_params, loss)
     latencies, per_iteration = [], 0.0
     for j, count in enumerate(layer_counts(layers, cfg.pp)):
         lat, dp_s, opt_s = _substage(st, cfg, count, has_embedding and j == 0,
@@ -344,5 +349,5 @@ def plan_stage_seconds(plan, calib: Calibration = DEFAULT_CALIBRATION
             s.start == 0, s.end == job.model.layers, calib=calib, profile=runtime.profile,
             precision=runtime.precision, overlap=runtime.overlap,
             p2p_factor=float(plan.virtual_stages), grad_bytes=runtime.grad_bytes,
-            fp8_params=runtime.fp8_param_gather))
+            fp8_params=runtime.fp8_param_gather, loss=job.training.cross_entropy.value))
     return out

@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 
 from solver.cost.efficiency import DEFAULT_CALIBRATION
-from solver.cost.runtime.frameworks import (interleaving_allowed, precision_problem, profile,
-                                            violations)
+from solver.cost.runtime.frameworks import (interleaving_allowed, loss_kernel_problem,
+                                            precision_problem, profile, violations)
 from solver.islands import Thresholds, build_islands, whole_cluster, whole_cluster_views
 from solver.planner.check.memory_check import plan_memory_gb, usable_gb
 from solver.planner.plan import Plan
@@ -86,14 +86,17 @@ def problems(plan: Plan, job: JobSpec, islands: tuple[Island, ...] | None = None
 def runtime_problems(plan: Plan, job: JobSpec) -> list[str]:
     """What of ``plan`` the job's runtime cannot run, one line each ([] if nothing): its
     profile's rules (:func:`~solver.cost.runtime.frameworks.violations`: layouts, ZeRO, recomputation,
-    TP over the KV heads, CP, the expert grid, one precision, one vendor, a tied embedding) and
-    Megatron's interleaving rules. The validator and the exporters (``--emit``) both call it."""
+    TP over the KV heads, CP, the expert grid, one precision, one vendor, a tied embedding),
+    Megatron's interleaving rules and the loss kernel
+    (:func:`~solver.cost.runtime.frameworks.loss_kernel_problem`). The validator and the
+    exporters (``--emit``) both call it."""
     pipelined = len(plan.stages) > 1 or any(s.plan.config.pp > 1 for s in plan.stages)
     out = violations([s.plan.config for s in plan.stages], profile(job.planner.framework),
                      pipelined, model=job.model, precision=job.training.precision,
                      stage_gpus=[{x.gpu for x in (s.nodes or s.island.nodes)}
                                  for s in plan.stages])
-    return out + _interleaving(plan, job)
+    loss = loss_kernel_problem(profile(job.planner.framework), job.training.cross_entropy)
+    return out + _interleaving(plan, job) + ([loss] if loss else [])
 
 
 def _pipeline_seconds(taus: list[float], links: list[float], n: int, overlap: bool,

@@ -50,7 +50,8 @@ def prices_interleaving_above_plain(parallelizer: Parallelizer) -> bool:
     """Whether ``parallelizer`` declares (attribute ``interleaving_priced_above_plain``) that
     every plan it returns under interleaved 1F1B, ``v >= 2``, has a plan of the same layout
     under plain 1F1B (same slice, group, micro-batches, in-flight and limits) that is no slower
-    in ``latency_s`` and ``iteration_s``: the premise of
+    in ``latency_s`` and whose ``optimizer_s`` is at most the interleaved plan's
+    ``iteration_s``: the premise of
     :func:`~solver.planner.stages.interleaved.plain_floor`. Wrappers forward their inner's answer;
     a parallelizer that says nothing gets False, and no cut."""
     return bool(getattr(parallelizer, "interleaving_priced_above_plain", False))

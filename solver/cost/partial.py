@@ -139,6 +139,9 @@ class PartialPlan:
     max_in_flight : int
         Most micro-batches in flight the plan holds in memory (:meth:`plan_stages` only;
         0 where not computed).
+    optimizer_s : float
+        The optimizer step's part of ``iteration_s``: the per-iteration time the number of
+        model chunks does not change (0 where not computed, a plan read from a cache).
     """
 
     config: StageConfig
@@ -151,6 +154,7 @@ class PartialPlan:
     layout: tuple[int, int, int]
     stage_latencies: tuple[float, ...]
     max_in_flight: int = 0
+    optimizer_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -181,8 +185,9 @@ def partial_plans(cfg: ConfigArrays, costs: StageCosts, index: np.ndarray,
     gb = {f: [x / 1e9 for x in _column(getattr(mem, f), index, n)]
           for f in ("params", "grads", "optimizer", "activations", "fragmentation")}
     total = [x / 1e9 for x in _column(mem.total, index, n)]
-    lat, fwd, bwd, it = (_column(a, index, n) for a in (
-        costs.latency_s, costs.fwd.total, costs.bwd.total, costs.iteration_s))
+    lat, fwd, bwd, it, opt = (_column(a, index, n) for a in (
+        costs.latency_s, costs.fwd.total, costs.bwd.total, costs.iteration_s,
+        costs.optimizer_s))
     out = []
     for k in range(len(index)):
         config = StageConfig(cols["tp"][k], cols["cp"][k], cols["ep"][k], cols["pp"][k],
@@ -193,5 +198,5 @@ def partial_plans(cfg: ConfigArrays, costs: StageCosts, index: np.ndarray,
                                     gb["activations"][k], gb["fragmentation"][k])
         out.append(PartialPlan(config, lat[k], fwd[k], bwd[k], it[k], total[k], breakdown,
                                (config.tp, config.cp, config.dp), subs[k],
-                               caps[k] if caps is not None else 0))
+                               caps[k] if caps is not None else 0, opt[k]))
     return out

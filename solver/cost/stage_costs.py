@@ -204,8 +204,9 @@ def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
     bwd = lb.scaled(layers).plus(eb.scaled(emb)).plus(hb.scaled(head))
     p2p = p2p_time(ti, cfg) * p2p_factor
     bwd_work = bwd.compute + bwd.recompute
+    # The interleaved schedule's v chunks cross v boundaries and sync chunk by chunk.
     z_fwd, z_bwd, dp_s, optimizer = _zero_and_sync(ti, cfg, layers, emb, head, fwd.compute,
-                                                   bwd_work, share)
+                                                   bwd_work, share, p2p_factor)
     flash = ti.attention_eff is not None
     cf = ti.calib.moe_capacity_factor
     stored = (stored_layer_bytes(stored_bytes_per_token(ti.model, ti.seq_len, flash, cf), cfg,

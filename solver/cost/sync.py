@@ -16,6 +16,16 @@ fire again) and keeps it for the backward only within ``stage3_max_reuse_distanc
 parameters: the share of a layer whose reuse lies farther is gathered a third time
 (:func:`regathered_share`). With ``zero3_prefetch`` off (DeepSpeed before v0.5.6, whose
 "asynchronous" gathers each synchronized the device: PR #1188) nothing of it hides.
+
+Under Megatron-Core's interleaved schedule (``v`` model chunks per rank, each its own DDP
+buffer) the per-iteration sync runs chunk by chunk (:func:`hide_interleaved`):
+``forward_backward_pipelining_with_interleaving`` (``megatron/core/pipeline_parallel/
+schedules.py``, Megatron-LM at 8479eb3) launches a chunk's gradient reduce-scatter
+(``config.grad_sync_func[chunk]``) once its last micro-batch's backward is done, at the same
+moment on every pipeline rank (``grad_sync_virtual_microbatch_id = virtual_microbatch_id -
+pipeline_parallel_rank``, ``--align-grad-reduce``, the default), and dispatches a chunk's
+parameter all-gather (``config.param_sync_func``) when the chunk before it starts its first
+micro-batch (chunks 0 and 1 at the start).
 """
 
 from __future__ import annotations
@@ -33,6 +43,32 @@ def hide(comm: np.ndarray, window: np.ndarray, buckets: np.ndarray) -> np.ndarra
     """Exposed part of a bucketed collective ``comm`` overlapped with ``window`` seconds of
     compute: every bucket but the last hides behind the work that follows it."""
     return np.maximum(comm - window * (1.0 - 1.0 / buckets), comm / buckets)
+
+
+def hide_interleaved(comm: np.ndarray, work: np.ndarray, buckets: np.ndarray, chunks: float,
+                     pp: np.ndarray, bucketed: bool) -> np.ndarray:
+    """Exposed part of a per-iteration collective ``comm`` run chunk by chunk under the
+    interleaved schedule (module docstring): ``chunks`` equal parts, one link.
+
+    Backward processes the chunks of the last micro-batches in reverse, ``pp`` micro-batches
+    per chunk, so after chunk ``c``'s last backward ``c pp`` chunk passes of ``work / chunks``
+    seconds remain (``work``: one micro-batch's pass over all of the rank's chunks; pipeline
+    waits only add to it). Chunks ``c .. 0`` then still have ``(c + 1) comm / chunks`` to send:
+    the exposed time is ``max_c ((c + 1) comm / chunks - c pp work / chunks)``, linear in ``c``
+    and so largest at an end. The forward's parameter gathers mirror it. At ``c = 0`` a gradient
+    sync starts only after the chunk's backward (``bucketed`` False: the schedule calls it
+    then), so the ends are ``c = 0`` and ``c = chunks - 1``; a parameter gather is waited for
+    bucket by bucket (``bucketed``: :func:`hide` over the chunk's pass and buckets), so its
+    ``c = 0`` term is that, and the others' ends are ``c = 1`` and ``c = chunks - 1``.
+    """
+    part, per_chunk = comm / chunks, work / chunks
+    if not bucketed:
+        return np.maximum(part, comm - (chunks - 1) * pp * per_chunk)
+    first = hide(part, per_chunk, np.maximum(buckets / chunks, 1.0))
+    if chunks < 2:
+        return first
+    return np.maximum(first, np.maximum(2 * part - pp * per_chunk,
+                                        comm - (chunks - 1) * pp * per_chunk))
 
 
 def zero3_collectives(model: ModelSpec, per_matrix: bool, local_experts
@@ -106,11 +142,12 @@ def _collectives(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.
 
 def _zero_and_sync(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,
                    head: np.ndarray, fwd_work: np.ndarray, bwd_work: np.ndarray,
-                   share: np.ndarray | float = 0.0
+                   share: np.ndarray | float = 0.0, chunks: float = 1.0
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Exposed per-micro-batch ZeRO-2/3 collectives (fwd, bwd), exposed per-iteration sync and
     the optimizer step of a sub-stage (the module docstring says what overlaps); ``share``:
-    the recomputed fraction of its layers. Weights travel as stored (FP8 with
+    the recomputed fraction of its layers; ``chunks``: model chunks per rank (``v`` under the
+    interleaved schedule, else 1). Weights travel as stored (FP8 with
     ``ti.fp8_params``, else 16-bit), gradients in the gradient buffer's type."""
     coll, steps, nb, local = _collectives(ti, cfg, layers, emb, head)
     z3, z2 = cfg.zero >= 3, cfg.zero == 2
@@ -126,8 +163,10 @@ def _zero_and_sync(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
     grads = np.where(cfg.zero == 0, coll(g_bytes, 2.0), np.where(z3 | z2, 0.0, coll(g_bytes)))
     weights = np.where((cfg.zero >= 1) & ~z3, coll(w_bytes), 0.0)
     if ti.profile.overlap_grad_reduce:
-        grads = hide(grads, bwd_work, nb)
+        grads = (hide_interleaved(grads, bwd_work, nb, chunks, cfg.pp, False) if chunks > 1
+                 else hide(grads, bwd_work, nb))
     if ti.profile.overlap_param_gather:
-        weights = hide(weights, fwd_work, nb)
+        weights = (hide_interleaved(weights, fwd_work, nb, chunks, cfg.pp, True) if chunks > 1
+                   else hide(weights, fwd_work, nb))
     optimizer = ti.calib.optimizer_bytes * local / ti.links.hbm_bw
     return z_fwd, z_bwd, grads + weights, optimizer

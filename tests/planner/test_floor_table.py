@@ -274,7 +274,7 @@ def test_the_relaxed_cut_never_cuts_where_the_floor_table_has_a_plan(name):
     assert cut_below
 
 
-@pytest.mark.parametrize("name", ["small-7b-512", "v100-a100-llama2-13b"])
+@pytest.mark.parametrize("name", ["extreme-a10-h100-llama2-13b", "v100-a100-llama2-13b"])
 def test_the_per_iteration_floors_cut_where_the_latency_bounds_do_not(name):
     """Just below the floor table's optimum (0.97 or 0.98 times it), some view the latency
     bounds alone cannot settle is settled once the per-iteration floors count (the cut is

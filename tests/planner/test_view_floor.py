@@ -165,8 +165,8 @@ def test_no_configuration_beats_the_compute_floor_of_its_group(floor_jobs, data)
 def _h100_layer_by_hand(h, ffn, up, seq):
     """GPU-seconds per token of one layer on H100 (989 TFLOP/s, 3.35 TB/s, ceiling 0.803, its
     fitted half point 0.012 balances), each GEMM at the cost model's efficiency for unlimited
-    rows and the layer's full width, ``0.622 · 0.803 · ξ / (ξ + 0.012 · 989/3.35)`` with
-    ``ξ = 1 / (1/cols + 1/inner)`` (no GQA: q = kv = h; 0.622 Hopper's in-training fraction,
+    rows and the layer's full width, ``0.595 · 0.803 · ξ / (ξ + 0.012 · 989/3.35)`` with
+    ``ξ = 1 / (1/cols + 1/inner)`` (no GQA: q = kv = h; 0.595 Hopper's in-training fraction,
     the catalog's ``gemm_in_training`` for H100; the
     fixed cost per kernel left out), the memory-bound operators (16.61 bytes per hidden
     element) at 80% of HBM bandwidth, fused attention at 2 · 0.58."""
@@ -174,7 +174,7 @@ def _h100_layer_by_hand(h, ffn, up, seq):
 
     def seconds(flops, cols, inner):
         xi = 1 / (1 / cols + 1 / inner)
-        return flops / (peak * 0.622 * 0.803 * xi / (xi + 0.012 * peak / bw))
+        return flops / (peak * 0.595 * 0.803 * xi / (xi + 0.012 * peak / bw))
 
     gemm = 3 * (seconds(2 * h * 3 * h, 3 * h, h) + seconds(2 * h * h, h, h)
                 + seconds(2 * h * up * ffn, up * ffn, h) + seconds(2 * ffn * h, h, ffn))

@@ -22,15 +22,15 @@ from solver.studies.previous import previous_plan, read_previous
 from solver.studies.replan import ClusterChange, replan
 
 # Llama 2 7B on one H200, two H100 and one A100 nodes: with a fast inter-island network the
-# plan is three replicas (checked below), and losing an H100 node changes the best partition
-# (two replicas). The replica search is asked for; their layouts differ, so the exchange is the
-# full-gradient all-reduce over one link per replica, hence the link of 4000 Gb/s.
+# plan is three replicas (checked below), and after losing an H100 node it is replicas too. The
+# replica search is asked for; their layouts differ, so the exchange is the full-gradient
+# all-reduce over one link per replica, hence the link of 8000 Gb/s.
 JOB = """model = "llama2-7b"
 [planner]
 replicas = true
 [cluster]
 name = "mini4"
-inter_island_gbits = 4000.0
+inter_island_gbits = 8000.0
 [[cluster.nodes]]
 gpu = "H200-SXM-141GB"
 count = 1

@@ -241,7 +241,8 @@ def _substage(st: _Setup, c: StageConfig, layers: int, emb: bool, head: bool,
     lookup = ring(2.0 * n * st.model.hidden, c.tp, *consecutive(st.gpu, c.tp)) if emb else 0.0
     fwd_work, bwd_work = layers * lw_f + hw_f, layers * lw_b + hw_b
     fwd_comm, bwd_comm = layers * lc_f + lookup + hc_f, layers * lc_b + lookup + hc_b
-    z_fwd, z_bwd, dp_s, opt_s = sync(st, c, layers, emb, head, fwd_work, bwd_work, redone)
+    z_fwd, z_bwd, dp_s, opt_s = sync(st, c, layers, emb, head, fwd_work, bwd_work, redone,
+                                     round(p2p_factor))
     kept = (redone * _stored_per_token(st, Recompute.FULL)
             + (layers - redone) * _stored_per_token(st, Recompute.NONE)
             if c.recompute is Recompute.FULL else _stored_per_token(st, c.recompute) * layers)
@@ -285,7 +286,8 @@ def substage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageC
     overlap : bool
         Price overlap as scheduled (False: every transfer exposed, every profile overlap off).
     p2p_factor : float
-        Boundaries a micro-batch crosses per sub-stage and pass (``v`` when interleaved).
+        Boundaries a micro-batch crosses per sub-stage and pass (``v`` when interleaved), and
+        so the model chunks whose data-parallel sync runs chunk by chunk.
     grad_bytes, fp8_params : float, bool
         Gradient-buffer bytes per parameter (2 with ``--grad-reduce-in-bf16``) and FP8 weights
         (``--fp8-param-gather``): what the data-parallel collectives move.

@@ -8,7 +8,10 @@ Ring collectives over the dense and the expert data-parallel groups
 module (DeepSpeed: per weight matrix; FSDP: per layer), DeepSpeed gathers recomputed layers a
 third time beyond its reuse distance, and 2021 DeepSpeed hid none of it
 (``zero3_prefetch``); bucketed collectives hide behind the pass they overlap except the last
-bucket, ``max(c - w (1 - 1/nb), c / nb)``.
+bucket, ``max(c - w (1 - 1/nb), c / nb)``. Under the interleaved schedule Megatron-Core syncs
+chunk by chunk (``forward_backward_pipelining_with_interleaving``: a chunk's gradients once its
+last backward is done, aligned over the pipeline ranks; a chunk's parameters gathered from the
+start of the chunk before it): :func:`by_chunks`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from solver.planner.check.memory_check import held_params, layer_weights
 from solver.planner.check.time_check_machine import ring, strided
 from solver.spec.domain import Framework
 
-__all__ = ["hide", "sync"]
+__all__ = ["by_chunks", "hide", "sync"]
 
 _WEIGHT = 2.0  # bytes per parameter of the 16-bit weights
 
@@ -28,6 +31,19 @@ _WEIGHT = 2.0  # bytes per parameter of the 16-bit weights
 def hide(comm: float, window: float, buckets: float) -> float:
     """Exposed part of a bucketed collective behind ``window`` seconds: the last bucket."""
     return max(comm - window * (1.0 - 1.0 / buckets), comm / buckets)
+
+
+def by_chunks(comm: float, work: float, buckets: float, v: int, pp: int,
+              bucketed: bool) -> float:
+    """Exposed part of a per-iteration sync split over ``v`` chunks on one link, each chunk's
+    part free to run once the chunks after it in the pass (``pp`` micro-batches each, ``work /
+    v`` per chunk and micro-batch) are done, recomputed as the largest backlog over chunks: the
+    last chunk's part alone (bucketed over its pass for parameter gathers) or everything less
+    the ``(v - 1) pp`` chunk passes before it."""
+    part = comm / v
+    last = hide(part, work / v, max(buckets / v, 1.0)) if bucketed else part
+    backlog = max(((k + 1) * part - k * pp * work / v for k in range(1, v)), default=last)
+    return max(last, backlog)
 
 
 def _module_latency(st, c: StageConfig, layers: int, emb: bool, head: bool,
@@ -66,9 +82,9 @@ def _gathered_again(st, c: StageConfig, dense_l: float, expert_l: float,
 
 
 def sync(st, c: StageConfig, layers: int, emb: bool, head: bool, fwd_work: float,
-          bwd_work: float, redone: int = 0) -> tuple[float, float, float, float]:
+          bwd_work: float, redone: int = 0, v: int = 1) -> tuple[float, float, float, float]:
     """Exposed ZeRO traffic per micro-batch (fwd, bwd), exposed DP sync and the Adam step
-    (``redone``: layers of the sub-stage fully recomputed)."""
+    (``redone``: layers of the sub-stage fully recomputed; ``v``: model chunks per rank)."""
     m, g, prof = st.model, st.gpu, st.profile
     dense_l, expert_l = layer_weights(m)
     dense, expert = held_params(m, c, layers, emb, head)
@@ -98,8 +114,10 @@ def sync(st, c: StageConfig, layers: int, emb: bool, head: bool, fwd_work: float
     grads = coll(gb, 2.0) if c.zero == 0 else (coll(gb) if c.zero == 1 else 0.0)
     params = coll(w) if c.zero in (1, 2) else 0.0
     if st.overlap and prof.overlap_grad_reduce:
-        grads = hide(grads, bwd_work, nb)
+        grads = (by_chunks(grads, bwd_work, nb, v, c.pp, False) if v > 1
+                 else hide(grads, bwd_work, nb))
     if st.overlap and prof.overlap_param_gather:
-        params = hide(params, fwd_work, nb)
+        params = (by_chunks(params, fwd_work, nb, v, c.pp, True) if v > 1
+                  else hide(params, fwd_work, nb))
     local = dense / q_d + expert / q_e if c.zero >= 1 else dense + expert
     return z_fwd, z_bwd, grads + params, st.calib.optimizer_bytes * local / g.hbm

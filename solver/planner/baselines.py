@@ -19,7 +19,7 @@ from solver.compose.table import Position
 from solver.cost.runtime.frameworks import precision_problem, state_types
 from solver.cost.parallelizer import AnalyticParallelizer, PlanContext, best_plan
 from solver.cost.stage import ModelSlice
-from solver.islands import IslandSet
+from solver.islands import IslandSet, group_island
 from solver.planner.micro import candidate_n_micro, plan_auto
 from solver.planner.plan import Plan, SolverInfo, StagePlan
 from solver.planner.stages.search import PlannerConfig
@@ -63,6 +63,10 @@ def plan_baseline(job: JobSpec, kind: Baseline, features: FeaturePreset | None =
 def _oblivious(job: JobSpec, features: FeaturePreset) -> Plan:
     start = time.perf_counter()
     island = oblivious_island(job)
+    # Every node at the weakest member's figures, one GPU type's (as the planner's whole-cluster
+    # view): not each figure from a different member, which would price an A100 at an H100's
+    # in-training GEMM fraction.
+    group = group_island(island, len(island.nodes))
     ns = [job.training.n_micro] if job.training.n_micro else candidate_n_micro(job)
     par = AnalyticParallelizer(features)
     best, calls = None, 0
@@ -71,12 +75,12 @@ def _oblivious(job: JobSpec, features: FeaturePreset) -> Plan:
                           job.planner.epsilon, min(MAX_OBLIVIOUS_PP, job.model.layers), features,
                           framework=job.planner.framework, precision=job.training.precision,
                           **state_types(job))
-        plans = par.plan(ModelSlice.whole(job.model), island, ctx)
+        plans = par.plan(ModelSlice.whole(job.model), group, ctx)
         calls += 1
         chosen = best_plan(plans, n)
         if chosen is None:
             continue
-        stage = StagePlan(island, 0, job.model.layers, Position.ONLY, 1, chosen)
+        stage = StagePlan(island, 0, job.model.layers, Position.ONLY, 1, chosen, island.nodes)
         plan = Plan(job, IslandSet((island,), (island,), ()), (stage,), (), n, False,
                     SolverInfo("oblivious", True, 0.0, calls))
         if best is None or plan.iteration_time_s < best.iteration_time_s:

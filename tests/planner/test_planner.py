@@ -359,3 +359,18 @@ def test_baselines_validate_against_their_own_islands():
     assert problems(plan, job)
     with pytest.raises(PlanInvalid):
         validate(plan, job)
+
+
+def test_the_oblivious_baseline_treats_the_cluster_as_its_weakest_gpu():
+    """"Treats the cluster as 192 A100s": on the worked example (8 H100 and 16 A100 nodes) the
+    baseline prices exactly as on 24 A100 nodes, every figure the A100's (its peak, memory,
+    links, GEMM ceiling and in-training fraction), not each figure from a different member."""
+    from solver.planner.baselines import Baseline, plan_baseline
+    job = load_job(INSTANCES / "jobs" / "seed-llama3-70b.toml")
+    a100 = next(g.gpu for g in job.cluster.groups if g.gpu.name == "A100-SXM-80GB")
+    groups = tuple(replace(g, gpu=a100) for g in job.cluster.groups)
+    only = replace(job, cluster=replace(job.cluster, groups=groups))
+    assert {n.gpu.name for n in only.cluster.nodes} == {"A100-SXM-80GB"}
+    mixed, same = plan_baseline(job, Baseline.OBLIVIOUS), plan_baseline(only, Baseline.OBLIVIOUS)
+    assert mixed.stages[0].plan.config == same.stages[0].plan.config
+    assert mixed.iteration_time_s == pytest.approx(same.iteration_time_s, rel=1e-12)

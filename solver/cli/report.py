@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from solver.spec.domain import GPUSpec, Island, JobSpec
+from solver.spec.domain import CrossEntropyKernel, GPUSpec, Island, JobSpec
 
 if TYPE_CHECKING:  # only annotations: importing the islands step would import networkx
     from solver.islands import IslandSet
@@ -97,7 +97,7 @@ def job_line(job: JobSpec) -> str:
     t = job.training
     types = (", bf16 gradients" if t.grad_reduce_bf16 else "") + \
         (", FP8 weights" if t.fp8_param_gather else "") + \
-        (", TE cross entropy" if t.cross_entropy.value == "te" else "")
+        (", TE cross entropy" if t.cross_entropy is CrossEntropyKernel.TE else "")
     return (f"job {job.name}: {job.model.name} on {job.cluster.name} "
             f"({job.cluster.total_gpus} GPUs), batch {t.global_batch} x {t.seq_len} tokens"
             + types)

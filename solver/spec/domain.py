@@ -16,9 +16,9 @@ from solver.spec.enums import (CrossEntropyKernel, FeaturePreset, Framework, Pre
 from solver.spec.hardware import ClusterSpec, GPUSpec, Island, Node, NodeGroup
 from solver.spec.model import ModelSpec
 
-__all__ = ["ClusterSpec", "Constraints", "CrossEntropyKernel", "FeaturePreset", "Framework", "GPUSpec", "Island", "JobSpec",
-           "ModelSpec", "Node", "NodeGroup", "PlannerOptions", "Precision", "Pruning", "Recompute",
-           "Schedule", "SolverKind", "TrainingSpec"]
+__all__ = ["ClusterSpec", "Constraints", "CrossEntropyKernel", "FeaturePreset", "Framework",
+           "GPUSpec", "Island", "JobSpec", "ModelSpec", "Node", "NodeGroup", "PlannerOptions",
+           "Precision", "Pruning", "Recompute", "Schedule", "SolverKind", "TrainingSpec"]
 
 
 @dataclass(frozen=True)

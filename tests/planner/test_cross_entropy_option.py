@@ -29,7 +29,7 @@ from solver.spec.domain import CrossEntropyKernel, Framework, SolverKind
 from solver.spec.errors import InputError
 from solver.spec.loaders import load_job
 
-#: 8 layers of Llama 3 8B's shape (its 128,256-word vocabulary) on two H100 nodes and one A100
+#: 8 layers of Llama 3 8B's shape (its 128,256-word vocabulary) on one H100 node and one A100
 #: node: the head is a large share of the last stage, so the loss kernel moves the optimum.
 JOB = """
 model = { layers = 8, hidden = 4096, ffn = 14336, heads = 32, kv_heads = 8, vocab = 128256 }

@@ -13,7 +13,8 @@ from solver.cost.runtime.profile import FrameworkProfile
 from solver.spec.domain import CrossEntropyKernel, Precision
 
 __all__ = ["cp_allowed", "expert_parallel_sizes", "job_rules", "loss_kernel_problem",
-           "mixed_kinds_note", "precision_problem", "shared_embedding_problems", "tp_allowed", "vendor_problem"]
+           "mixed_kinds_note", "precision_problem", "shared_embedding_problems", "tp_allowed",
+           "vendor_problem"]
 
 
 def job_rules(configs, prof: "FrameworkProfile", model=None, precision=None,

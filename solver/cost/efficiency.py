@@ -122,6 +122,20 @@ class Calibration:
         gathers each called ``torch.cuda.synchronize()`` (PR #1188, October 2021: "the async
         version is not async at all"), so all of it was exposed. A fact of the software run,
         not fitted.
+    zero3_list_collectives : bool
+        ZeRO-3 gathers and reduce-scatters each parameter through ``torch.distributed``'s list
+        API, one tensor per rank: DeepSpeed before v0.5.6 (``_allgather_param`` and
+        ``_reduce_scatter_gradient`` in ``partition_parameters.py`` build a list of
+        ``world_size`` views; PR #1188, October 2021, moved gathers to ``_all_gather_base``).
+        PyTorch's ``ProcessGroupNCCL::allgather`` then copies each rank's part out of its flat
+        buffer and ``reduce_scatter`` copies each in (``flatten_for_scatter_gather``): work per
+        rank on the host, ``list_collective_rank_s`` each. A fact of the software run.
+    list_collective_rank_s : float
+        Host seconds per rank of one list-based collective: the rank's tensor view built in
+        Python, its ``recordStream`` and its ``copy_`` launched on the NCCL stream. Fitted on
+        the development set's four DeepSpeed ZeRO-3 rows (SC'21 Table 2; minimax of the log
+        error, ``python scripts/fit_list_collective.py``): 15.0 us, at the top of a bottom-up
+        count of those operations in eager PyTorch (about 8 to 14 us).
     """
 
     gemm_half_balance: float = 0.087
@@ -141,6 +155,8 @@ class Calibration:
     optimizer_bytes: float = 30.0
     moe_capacity_factor: float = 1.25
     zero3_prefetch: bool = True
+    zero3_list_collectives: bool = False
+    list_collective_rank_s: float = 15e-6
 
 
 DEFAULT_CALIBRATION = Calibration()

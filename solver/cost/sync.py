@@ -15,7 +15,9 @@ recomputation DeepSpeed gathers a layer again for its recomputed forward (the mo
 fire again) and keeps it for the backward only within ``stage3_max_reuse_distance``
 parameters: the share of a layer whose reuse lies farther is gathered a third time
 (:func:`regathered_share`). With ``zero3_prefetch`` off (DeepSpeed before v0.5.6, whose
-"asynchronous" gathers each synchronized the device: PR #1188) nothing of it hides.
+"asynchronous" gathers each synchronized the device: PR #1188) nothing of it hides, and with
+``zero3_list_collectives`` (the same DeepSpeed) every collective also pays host work per rank
+of its group (:func:`list_collective_host`).
 
 Under Megatron-Core's interleaved schedule (``v`` model chunks per rank, each its own DDP
 buffer) the per-iteration sync runs chunk by chunk (:func:`hide_interleaved`):
@@ -109,11 +111,27 @@ def regathered_share(ti: TimeInputs, cfg: ConfigArrays, share: np.ndarray) -> np
     return np.clip(1.0 - reuse / (2.0 * np.maximum(layer, 1.0)), 0.0, 1.0) * share
 
 
+def list_collective_host(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray,
+                         emb: np.ndarray, head: np.ndarray, q_dense: np.ndarray,
+                         q_expert: np.ndarray) -> np.ndarray:
+    """Host seconds per gather or reduce-scatter pass of ZeRO-3's list-based collectives
+    (``Calibration.zero3_list_collectives``; 0 otherwise): each of the pass's per-module
+    collectives (:func:`zero3_collectives`) builds, records and copies one tensor per rank of
+    its group, ``list_collective_rank_s`` each."""
+    if not ti.calib.zero3_list_collectives:
+        return np.zeros(np.broadcast(np.asarray(cfg.tp), np.asarray(layers)).shape)
+    n_d, n_e = zero3_collectives(ti.model, ti.profile.zero3_per_matrix,
+                                 ti.model.experts / cfg.ep)
+    ranks = (layers * n_d + emb + head) * q_dense + layers * n_e * q_expert
+    return ranks * ti.calib.list_collective_rank_s
+
+
 def _collectives(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.ndarray,
                  head: np.ndarray):
     """``coll(bytes_per_param, factor)`` over the sub-stage's data-parallel groups (dense and
-    expert), the latency of ZeRO-3's per-module collectives beyond the first of each group,
-    the gradient bucket count and the locally updated parameters."""
+    expert), the latency of ZeRO-3's per-module collectives beyond the first of each group
+    (and the list-based ones' host work), the gradient bucket count and the locally updated
+    parameters."""
     dense, expert = param_counts(ti.model, cfg, layers, emb, head)
     q_dense = cfg.dp * cfg.cp
     # The expert grid (tp-ep-dp over the stage's GPUs): expert-DP ranks sit etp·ep apart.
@@ -134,7 +152,8 @@ def _collectives(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.
     more_d = np.maximum(layers * n_d + emb + head - 1, 0)
     more_e = np.where(expert > 0, np.maximum(layers * n_e - 1, 0), 0)
     steps = (more_d * ring_time(0.0, q_dense, bw_d, lat_d)
-             + more_e * ring_time(0.0, q_expert, bw_e, lat_e))
+             + more_e * ring_time(0.0, q_expert, bw_e, lat_e)
+             + list_collective_host(ti, cfg, layers, emb, head, q_dense, q_expert))
     buckets = np.maximum(np.ceil((dense + expert) / ti.profile.bucket_params(cfg.dp)), 1.0)
     local = np.where(cfg.zero >= 1, dense / q_dense + expert / q_expert, dense + expert)
     return coll, steps, buckets, local

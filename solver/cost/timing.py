@@ -5,7 +5,7 @@ Compute (Narayanan et al., SC'21, Sec. 5.1 FLOP count): per token and layer the 
 square, Megatron's count); the backward pass twice the forward. GEMMs run at the size-dependent
 efficiency of :class:`solver.cost.efficiency.GemmKernel` below the GPU's own ceiling, at the
 precision the GPU runs (FP8 where it has it and the job asks for it), plus a fixed cost per
-GEMM kernel (one per projection and pass; a rank's experts run as one grouped GEMM); the
+GEMM kernel (one per projection and pass, and per local expert: :func:`_routed_gemm_fwd`); the
 attention core executes the full square at ``unfused_attention_eff`` (unfused kernels:
 Megatron-LM 2021, or a GPU without a fused kernel, V100) or half of it, the causal triangle,
 at the GPU's fused-kernel
@@ -203,19 +203,26 @@ def _layer_gemm_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray) -> np.ndar
 
 
 def _routed_gemm_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray) -> np.ndarray:
-    """Forward GEMM seconds of a rank's routed experts, one grouped GEMM per projection.
+    """Forward GEMM seconds of a rank's routed experts, one GEMM kernel per expert and projection.
 
     A rank holds ``E / ep`` experts, each split ``etp`` ways; its expert-TP group gathers the
     routed tokens of its ``etp`` sequence shards (``n / tp`` tokens each), so each expert sees
     ``etp · n · k · ep / (tp · E)`` tokens, times the capacity factor on the busiest rank.
+    Transformer Engine's grouped GEMM (``GroupedLinear``, Megatron-Core's ``TEGroupedMLP``)
+    launches one cuBLAS GEMM per expert, round-robin over its compute streams
+    (``multi_stream_cublas_gemm``, ``transformer_engine/common/gemm/cublaslt_gemm.cu``; the
+    CUTLASS grouped kernel is Hopper-only and opt-in, ``NVTE_USE_CUTLASS_GROUPED_GEMM``), so each
+    local expert pays the kernel's fixed cost: ``E / ep`` of them per projection, not one.
     """
     m, etp = ti.model, expert_tp(cfg)
     h, up = m.hidden, (2 if m.gated_mlp else 1)
     tokens = etp * n / cfg.tp * m.top_k * cfg.ep / m.experts * ti.calib.moe_capacity_factor
     flops = 2 * tokens * (m.experts / cfg.ep) * h * m.expert_ffn * (up + 1) / etp
     split = up / (up + 1)
+    more = 2.0 * (m.experts / cfg.ep - 1.0) * ti.gemm.latency_s  # the other experts' kernels
     return (ti.gemm.seconds(flops * split, tokens, up * m.expert_ffn / etp, h, ti.peak_flops)
-            + ti.gemm.seconds(flops * (1 - split), tokens, h, m.expert_ffn / etp, ti.peak_flops))
+            + ti.gemm.seconds(flops * (1 - split), tokens, h, m.expert_ffn / etp, ti.peak_flops)
+            + more)
 
 
 def _layer_compute_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray

@@ -215,7 +215,9 @@ def calibration_of(row: RunRow) -> Calibration:
     - Runs published before FlashAttention (Dao et al., May 2022), the SC'21 rows, ran unfused
       attention whatever the framework (``megatron-2021`` already does; DeepSpeed's rows too).
     - Runs published before DeepSpeed v0.5.6 (November 2021), the SC'21 rows, ran ZeRO-3 whose
-      gathers synchronized the device one by one (PR #1188): none of them hid behind compute.
+      gathers synchronized the device one by one (PR #1188): none of them hid behind compute;
+      and each gather and reduce-scatter passed one tensor per rank to ``torch.distributed``
+      (list-based collectives, the same PR): host work per rank of the group.
     - Benchmarks that state force-balanced, dropless routing send every expert rank exactly its
       balanced share: the busiest rank's load factor is 1, not the capacity factor of a
       learned router.
@@ -223,7 +225,7 @@ def calibration_of(row: RunRow) -> Calibration:
     calib = DEFAULT_CALIBRATION
     if "SC'21" in row.source:
         calib = dataclasses.replace(calib, attention=AttentionKernel.UNFUSED,
-                                    zero3_prefetch=False)
+                                    zero3_prefetch=False, zero3_list_collectives=True)
     if row.experts and "force-balanced" in row.notes:
         calib = dataclasses.replace(calib, moe_capacity_factor=1.0)
     return calib
@@ -233,8 +235,10 @@ def _best(tries: list[Estimate]) -> Estimate:
     return min(tries, key=lambda e: (not e.fits, e.iteration_time_s, e.memory.total))
 
 
-def evaluate_row(row: RunRow, catalog: dict[str, GPUSpec], epsilon: float = 0.0) -> RowResult:
-    """The row through :func:`~solver.cost.estimating.estimate.estimate` (or its refusal)."""
+def evaluate_row(row: RunRow, catalog: dict[str, GPUSpec], epsilon: float = 0.0,
+                 calibration: Calibration | None = None) -> RowResult:
+    """The row through :func:`~solver.cost.estimating.estimate.estimate` (or its refusal);
+    ``calibration`` replaces :func:`calibration_of`'s (for the fits)."""
     measured = row.measured_iteration_s()
     reason = refusal(row, catalog)
     if reason:
@@ -243,7 +247,7 @@ def evaluate_row(row: RunRow, catalog: dict[str, GPUSpec], epsilon: float = 0.0)
     found = violations([tries[0].parallel], profile(tries[0].framework), row.pp > 1)
     if found:
         return RowResult(row.id, measured, refused=found[0].removeprefix("stage 0: "))
-    calib = calibration_of(row)
+    calib = calibration_of(row) if calibration is None else calibration
     est = _best([estimate(s, calib) for s in tries])
     chosen = [f"{tries[0].framework.value}", row.precision, f"mb {est.config.micro_batch}",
               f"v {est.virtual_stages}", f"recompute {est.config.recompute.value}"
@@ -251,6 +255,8 @@ def evaluate_row(row: RunRow, catalog: dict[str, GPUSpec], epsilon: float = 0.0)
                  if getattr(est.config, "recompute_layers", None) else "")]
     if calib.attention is AttentionKernel.UNFUSED:
         chosen.append("unfused attention (2021)")
+    if calib.zero3_list_collectives and row.zero == 3:
+        chosen.append("list collectives (2021)")
     if tries[0].grad_reduce_bf16:
         chosen.append("bf16 gradients")
     if tries[0].fp8_param_gather:

@@ -1,5 +1,6 @@
-"""The one constant fitted on the development set: the in-training GEMM fraction of a GPU
-generation.
+"""The constants fitted on the development set: the in-training GEMM fraction of a GPU
+generation (:func:`fit_in_training`) and the host seconds per rank of 2021 DeepSpeed's
+list-based ZeRO-3 collectives (:func:`fit_list_collective`).
 
 ``instances/calibration/README.md`` allows a constant fitted on the development set only when it
 names one physical quantity, a script reproduces the fit and the README names the rows. This is
@@ -10,6 +11,12 @@ BF16) and written as ``gemm_in_training`` on the catalog's Hopper entries of the
 clock class. The criterion is the sum of ``|log(predicted / measured)|`` over the rows (the
 median-type fit: a row the rest of the model misses for another reason pulls it least); the
 search is a grid of step 0.001 on [0.5, 1.0]. ``scripts/fit_in_training.py`` runs it.
+
+The list-collective constant (``Calibration.list_collective_rank_s``) is fitted on the four
+``sc21-zero3-*`` rows, the only runs of that DeepSpeed, by the minimax of ``|log(predicted /
+measured)|``, the criterion of the other 2021-era fit (SC'21 Table 1,
+``python -m solver.cost.calibrate.calibration --fit``); grid of 1 us on [0, 40] us, then 0.1 us.
+``scripts/fit_list_collective.py`` runs it.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from solver.cost.fidelity.evaluate import evaluate_row
+from solver.cost.fidelity.evaluate import calibration_of, evaluate_row
 from solver.cost.fidelity.rows import RunRow, load_rows
 from solver.spec.domain import GPUSpec
 from solver.spec.loaders import load_catalog
@@ -53,3 +60,31 @@ def fit_in_training(prefix: str = HOPPER_ROWS, gpu: str = HOPPER_GPU,
     err, fine = best([round(coarse + 0.001 * i, 3) for i in range(-10, 11)
                       if lo <= coarse + 0.001 * i <= hi])
     return fine, err, [r.id for r in rows]
+
+
+#: Rows of the list-collective fit (README: SC'21 Table 2's DeepSpeed ZeRO-3 runs).
+LIST_COLLECTIVE_ROWS = "sc21-zero3-"
+
+
+def worst_log_error(rows: list[RunRow], catalog: dict[str, GPUSpec], rank_s: float) -> float:
+    """Largest ``|log(predicted / measured)|`` over ``rows`` with ``rank_s`` host seconds per
+    rank of a list-based collective."""
+    def calib(row: RunRow):
+        return dataclasses.replace(calibration_of(row), list_collective_rank_s=rank_s)
+    return max(abs(math.log(evaluate_row(r, catalog, calibration=calib(r)).ratio)) for r in rows)
+
+
+def fit_list_collective(prefix: str = LIST_COLLECTIVE_ROWS, hi_us: float = 40.0
+                        ) -> tuple[float, float, list[str]]:
+    """Host seconds per rank minimising :func:`worst_log_error` on the rows whose id starts
+    with ``prefix`` (a grid of 1 us, then 0.1 us around its best), its error, and the rows."""
+    catalog = load_catalog()
+    rows = [r for r in load_rows() if r.id.startswith(prefix)]
+
+    def best(grid_us: list[float]) -> tuple[float, float]:
+        return min((worst_log_error(rows, catalog, us * 1e-6), us) for us in grid_us)
+
+    _, coarse = best([float(i) for i in range(int(hi_us) + 1)])
+    err, fine = best([round(coarse + 0.1 * i, 1) for i in range(-10, 11)
+                      if 0.0 <= coarse + 0.1 * i <= hi_us])
+    return fine * 1e-6, err, [r.id for r in rows]

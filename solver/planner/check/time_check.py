@@ -13,7 +13,8 @@ One micro-batch on one GPU covers ``n = b s / cp`` tokens. Per layer and pass:
 * GEMMs: ``2 x`` weights FLOPs per token (Narayanan et al., SC'21), each matrix at the fraction
   ``kappa ceiling xi / (xi + c B)`` of peak, ``xi = 1 / (1/M + 1/N + 1/K)`` of its TP-sharded
   shape, ``B`` the GPU's FLOP-per-byte balance and ``kappa`` the in-training fraction, plus a fixed
-  ``t0`` per kernel (one per matrix and pass; a rank's experts are one grouped kernel); MoE adds
+  ``t0`` per kernel (one per matrix and pass, and per local expert: Transformer Engine's grouped
+  GEMM launches one cuBLAS GEMM per expert, ``multi_stream_cublas_gemm``); MoE adds
   the router and the busiest rank's experts at the capacity factor. The attention core is
   ``4 n s a d / tp`` FLOPs (half of it with a fused causal kernel) in 16 bits; norms,
   activations and the MoE permutation (and, with several local experts, the sort of the
@@ -104,8 +105,10 @@ def _mlp_gemms(st: _Setup, split: int, tokens: float, width: float, copies: floa
     each matrix split ``split`` ways (TP, or expert-TP for routed experts)."""
     h, up = st.model.hidden, (2 if st.model.gated_mlp else 1)
     flops = 2 * tokens * copies * h * width * (up + 1) / split
+    # One kernel per copy and matrix (the routed experts' GEMMs are launched one by one).
     return (_gemm(st, flops * up / (up + 1), tokens, up * width / split, h)
-            + _gemm(st, flops / (up + 1), tokens, h, width / split))
+            + _gemm(st, flops / (up + 1), tokens, h, width / split)
+            + 2 * (copies - 1) * st.gpu.kernel)
 
 
 def _layer_gemms(st: _Setup, c: StageConfig, n: float) -> float:

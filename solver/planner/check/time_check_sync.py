@@ -7,7 +7,7 @@ Ring collectives over the dense and the expert data-parallel groups
 (:func:`~solver.planner.check.time_check_machine.strided` links); ZeRO-3 runs one collective per
 module (DeepSpeed: per weight matrix; FSDP: per layer), DeepSpeed gathers recomputed layers a
 third time beyond its reuse distance, and 2021 DeepSpeed hid none of it
-(``zero3_prefetch``); bucketed collectives hide behind the pass they overlap except the last
+(``zero3_prefetch``) and did host work per rank of every collective (``zero3_list_collectives``); bucketed collectives hide behind the pass they overlap except the last
 bucket, ``max(c - w (1 - 1/nb), c / nb)``. Under the interleaved schedule Megatron-Core syncs
 chunk by chunk (``forward_backward_pipelining_with_interleaving``: a chunk's gradients once its
 last backward is done, aligned over the pipeline ranks; a chunk's parameters gathered from the
@@ -52,18 +52,24 @@ def _module_latency(st, c: StageConfig, layers: int, emb: bool, head: bool,
     """Step latencies of ZeRO-3's collectives beyond one per group, per gather or scatter pass:
     DeepSpeed fetches module by module, one collective per weight matrix (fused QKV, output,
     gated up, down; router, shared experts and each local expert's two); the norms and
-    biases stay gathered (persistence threshold). FSDP runs one per layer and group."""
+    biases stay gathered (persistence threshold). FSDP runs one per layer and group. With
+    list-based collectives (2021 DeepSpeed) each of them also does host work per rank of its
+    group: a view, a stream record and a copy (``list_collective_rank_s``)."""
     m = st.model
     if st.profile.zero3_per_matrix:
         per_dense = 4 if not m.is_moe else 3 + (2 if m.shared_experts else 0)
         per_expert = 2 * m.experts / c.ep if m.is_moe else 0
     else:
         per_dense, per_expert = 1, (1 if m.is_moe else 0)
-    out = max(layers * per_dense + int(emb) + int(head) - 1, 0) * ring(0.0, c.dp * c.cp,
-                                                                       *link_d)
+    dense_n = layers * per_dense + int(emb) + int(head)
+    out = max(dense_n - 1, 0) * ring(0.0, c.dp * c.cp, *link_d)
+    host = dense_n * c.dp * c.cp
     if has_experts:
         q_e = c.tp * c.cp * c.dp // (c.etp * c.ep)
         out += max(layers * per_expert - 1, 0) * ring(0.0, q_e, *link_e)
+        host += layers * per_expert * q_e
+    if st.calib.zero3_list_collectives:
+        out += host * st.calib.list_collective_rank_s
     return out
 
 

@@ -110,11 +110,14 @@ def test_2021_gathers_hide_nothing():
 
 @pytest.mark.parametrize("framework", [Framework.DEEPSPEED, Framework.FSDP])
 @pytest.mark.parametrize("prefetch", [True, False])
-def test_validator_agrees_on_zero3(framework, prefetch):
+@pytest.mark.parametrize("listed", [False, True])
+def test_validator_agrees_on_zero3(framework, prefetch, listed):
     """The independent time check prices the same per-module latency, third gather and
-    (2021) exposure, on a 175B-sized layer where the third gather is non-zero."""
+    (2021) exposure and list-based collectives, on a 175B-sized layer where the third gather
+    is non-zero."""
     island = Island.homogeneous("a", CAT["A100-SXM-80GB"], 128)
-    calib = dataclasses.replace(DEFAULT_CALIBRATION, zero3_prefetch=prefetch)
+    calib = dataclasses.replace(DEFAULT_CALIBRATION, zero3_prefetch=prefetch,
+                                zero3_list_collectives=listed)
     runtime = Runtime(framework)
     for rc, k in ((Recompute.FULL, None), (Recompute.FULL, 2), (Recompute.NONE, None)):
         c = StageConfig(tp=1, dp=128, zero=3, recompute=rc, recompute_layers=k, micro_batch=2)

@@ -93,3 +93,4 @@ def test_one_gemm_kernel_per_local_expert():
                + ti.gemm.seconds(2 * tokens * h * f, tokens, h, f, ti.peak_flops))
         cfg = ConfigArrays.of([StageConfig(tp=1, dp=ep, ep=ep)])
         assert _routed_gemm_fwd(ti, cfg, n)[0] == pytest.approx(local * float(one), rel=1e-9)
+

@@ -1,6 +1,6 @@
 """The constants fitted on the development set: the in-training GEMM fraction of a GPU
-generation (:func:`fit_in_training`) and the host seconds per rank of 2021 DeepSpeed's
-list-based ZeRO-3 collectives (:func:`fit_list_collective`).
+generation (:func:`fit_in_training`, for each GPU in :data:`IN_TRAINING_FITS`) and the host
+seconds per rank of 2021 DeepSpeed's list-based ZeRO-3 collectives (:func:`fit_list_collective`).
 
 ``instances/calibration/README.md`` allows a constant fitted on the development set only when it
 names one physical quantity, a script reproduces the fit and the README names the rows. This is
@@ -10,7 +10,10 @@ kernels), fitted on Megatron-LM's own H100 table (the ``mcore-h100-*`` rows, Meg
 BF16) and written as ``gemm_in_training`` on the catalog's Hopper entries of the same die and
 clock class. The criterion is the sum of ``|log(predicted / measured)|`` over the rows (the
 median-type fit: a row the rest of the model misses for another reason pulls it least); the
-search is a grid of step 0.001 on [0.5, 1.0]. ``scripts/fit_in_training.py`` runs it.
+search is a grid of step 0.001 on [0.5, 1.0]. ``scripts/fit_in_training.py`` runs it. The same
+fit, on the same criterion, gives GB200 and GB300 their own fractions from their Megatron-Bridge
+rows (every evaluated row of the GPU; the refused DeepSeek-V3 rows carry no ratio): different
+dies at different power limits (1,200 W and 1,400 W), whose identical layouts run 19–22% apart.
 
 The list-collective constant (``Calibration.list_collective_rank_s``) is fitted on the four
 ``sc21-zero3-*`` rows, the only runs of that DeepSpeed, by the minimax of ``|log(predicted /
@@ -24,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from solver.cost.fidelity.evaluate import calibration_of, evaluate_row
+from solver.cost.fidelity.evaluate import calibration_of, evaluate_row, refusal
 from solver.cost.fidelity.rows import RunRow, load_rows
 from solver.spec.domain import GPUSpec
 from solver.spec.loaders import load_catalog
@@ -32,18 +35,19 @@ from solver.spec.loaders import load_catalog
 #: Rows of the Hopper fit (README: Megatron-LM's H100 table).
 HOPPER_ROWS = "mcore-h100-"
 HOPPER_GPU = "H100-SXM-80GB"
+#: Every in-training fit: (row id prefix, catalog GPU it is fitted for).
+IN_TRAINING_FITS = ((HOPPER_ROWS, HOPPER_GPU), ("bridge-gb200-", "GB200"),
+                    ("bridge-gb300-", "GB300"))
 
 
 def log_error(rows: list[RunRow], catalog: dict[str, GPUSpec], gpu: str, kappa: float
               ) -> float:
-    """Sum of ``|log(predicted / measured)|`` over ``rows`` with ``gpu``'s fraction ``kappa``."""
+    """Sum of ``|log(predicted / measured)|`` over ``rows`` with ``gpu``'s fraction ``kappa``
+    (refused rows have no ratio and add nothing)."""
     trial = dict(catalog)
     trial[gpu] = dataclasses.replace(catalog[gpu], gemm_in_training=kappa)
-    total = 0.0
-    for row in rows:
-        got = evaluate_row(row, trial)
-        total += abs(math.log(got.ratio))
-    return total
+    ratios = (evaluate_row(row, trial).ratio for row in rows)
+    return sum(abs(math.log(r)) for r in ratios if r is not None)
 
 
 def fit_in_training(prefix: str = HOPPER_ROWS, gpu: str = HOPPER_GPU,
@@ -51,7 +55,7 @@ def fit_in_training(prefix: str = HOPPER_ROWS, gpu: str = HOPPER_GPU,
     """The fraction minimising :func:`log_error` on the rows whose id starts with ``prefix``
     (a coarse grid of 0.01, then 0.001 around its best), its error, and the rows used."""
     catalog = load_catalog()
-    rows = [r for r in load_rows() if r.id.startswith(prefix)]
+    rows = [r for r in load_rows() if r.id.startswith(prefix) and not refusal(r, catalog)]
 
     def best(grid: list[float]) -> tuple[float, float]:
         return min(((log_error(rows, catalog, gpu, k), k) for k in grid))

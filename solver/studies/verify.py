@@ -15,7 +15,7 @@ from solver.planner.plan import Plan
 from solver.planner.pruning import Rule
 from solver.planner.stages.search import PlannerConfig, plan_job
 from solver.spec.domain import JobSpec, SolverKind
-from solver.spec.errors import InfeasibleError
+from solver.spec.errors import InfeasibleError, InputError
 
 REL_TOL = 1e-6
 ABLATION = (Rule.DEDUPE,
@@ -96,10 +96,11 @@ def cross_check(job: JobSpec, n_micro: int, rules: Rule = Rule.paper()
     Returns the objective per solver (keys ``dp``, ``cpsat``, ``milp``; None: no plan), ``agree``
     (every solver proved optimality and the objectives match within a relative 1e-4, the CP-SAT
     scaling tolerance of ``formulations.scaling``), ``status`` (per solver: ``proven``, ``bound_s``
-    and ``gap`` when its time limit stopped it) and ``verdict``: ``agree``; ``not proven`` (some
-    solver stopped at its limit, and every bound it proved is at most the DP optimum, so nothing
-    contradicts it); or ``disagree`` (proven objectives differ, feasibility differs, or a proved
-    bound exceeds the DP optimum).
+    and ``gap`` when its time limit stopped it, ``not_run`` with the reason when the instance is
+    larger than the solver's model is built for) and ``verdict``: ``agree``; ``not proven`` (some
+    solver stopped at its limit or did not run, and every bound proved is at most the DP
+    optimum, so nothing contradicts it); or ``disagree`` (proven objectives differ, feasibility
+    differs, or a proved bound exceeds the DP optimum).
 
     A solver stopped by its limit returns the DP's plan (``solver.planner.stages.solve``), so its
     objective is the DP's by construction: only its bound is evidence.
@@ -107,7 +108,13 @@ def cross_check(job: JobSpec, n_micro: int, rules: Rule = Rule.paper()
     out: dict[str, object] = {}
     status: dict[str, dict] = {}
     for kind in (SolverKind.DP, SolverKind.CPSAT, SolverKind.MILP):
-        plan, _, _ = _run(job, rules, n_micro, kind)
+        try:
+            plan, _, _ = _run(job, rules, n_micro, kind)
+        except InputError as exc:  # the model's size limit: the other solvers still report
+            out[kind.value] = None
+            status[kind.value] = {"proven": False, "bound_s": None, "gap": None,
+                                  "not_run": exc.reason.removeprefix(f"{kind.value}: ")}
+            continue
         out[kind.value] = plan.iteration_time_s if plan else None
         proven = plan is None or plan.solver.optimal
         status[kind.value] = {"proven": proven,
@@ -119,9 +126,11 @@ def cross_check(job: JobSpec, n_micro: int, rules: Rule = Rule.paper()
 
 
 def _verdict(objectives: dict, status: dict) -> tuple[bool, str]:
-    """(all proven and equal, verdict) for :func:`cross_check`."""
-    values = [objectives[k] for k in status if objectives[k] is not None]
-    if len(values) not in (0, len(status)):
+    """(all proven and equal, verdict) for :func:`cross_check`; a solver that did not run
+    (``not_run``) contributes no evidence either way."""
+    ran = [k for k in status if not status[k].get("not_run")]
+    values = [objectives[k] for k in ran if objectives[k] is not None]
+    if len(values) not in (0, len(ran)):
         return False, "disagree"
     ref = objectives["dp"]
     proven = [objectives[k] for k in status if status[k]["proven"] and objectives[k] is not None]

@@ -223,3 +223,24 @@ def test_too_large_for_solver_is_one_line(tmp_path, capsys):
     assert main(["compose", str(path), "--solver", "dp"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "at most 12 islands" in err and "\n" not in err
+
+
+def test_verify_reports_a_solver_too_large_to_run(monkeypatch, capsys, tmp_path):
+    """A CP-SAT/MILP model over its size limit no longer ends ``verify`` with an error after
+    the whole ablation (qwen3-three-gen-512 ran 32 minutes into one): the solver is reported as
+    not run, with the limit, the others still report, and the verdict is ``not proven``."""
+    import formulations.groups_common as groups_common
+    monkeypatch.setattr(groups_common, "MAX_SLOT_VARS", 0)
+    job = tmp_path / "two-nodes.toml"
+    job.write_text('model = "llama2-7b"\n[cluster]\nname = "two"\n'
+                   '[[cluster.nodes]]\ngpu = "H100-SXM-80GB"\ncount = 1\nname = "h"\n'
+                   '[[cluster.nodes]]\ngpu = "A100-SXM-80GB"\ncount = 1\nname = "a"\n'
+                   '[training]\nglobal_batch = 64\nseq_len = 2048\nn_micro = 8\n')
+    assert main(["verify", str(job)]) == 0
+    out = capsys.readouterr().out
+    assert "cpsat not run (the slot model would have" in out and "limit 0" in out
+    assert out.rstrip().endswith("-> not proven") and "dp " in out
+    assert main(["verify", str(job), "--json"]) == 0
+    solvers = json.loads(capsys.readouterr().out)["solvers"]
+    assert solvers["cpsat"] is None and "limit 0" in solvers["status"]["cpsat"]["not_run"]
+    assert solvers["dp"] is not None and solvers["verdict"] == "not proven"

@@ -293,6 +293,9 @@ def test_cross_check_verdict_by_hand():
     # Two proven objectives that differ, or a plan one solver finds and another does not.
     assert _verdict({**obj, "cpsat": 2.1}, proven) == (False, "disagree")
     assert _verdict({**obj, "milp": None}, proven) == (False, "disagree")
+    # A solver whose model is too large did not run: no evidence, so not proven, not disagree.
+    skipped = {**proven, "cpsat": {**_status(False), "not_run": "too many variables"}}
+    assert _verdict({**obj, "cpsat": None}, skipped) == (False, "not proven")
 
 
 def test_validate_names_every_problem_in_one_message():

@@ -80,7 +80,10 @@ def run(args: argparse.Namespace, console=None) -> int:
 
 def _solver_txt(kind: str, objective, status: dict) -> str:
     """``cpsat 2.997662`` or, for a solver its time limit stopped, the plan it had and what it
-    proved: its bound and gap where it has them, else that it proved none."""
+    proved: its bound and gap where it has them, else that it proved none; or why it did not
+    run."""
+    if status.get("not_run"):
+        return f"{kind} not run ({status['not_run']})"
     if status["proven"]:
         return f"{kind} {_txt(objective)}"
     proved = [f"bound {status['bound_s']:.6f} s" if status["bound_s"] is not None else "",

@@ -181,16 +181,20 @@ def test_solvers_give_identical_plans(tmp_path, capsys):
     assert payloads[0] == payloads[1] == payloads[2]
 
 
+#: One H100 node beside one A100 node: small enough that every rule set plans in a second.
+TWO_NODES = ('model = "llama2-7b"\n[cluster]\nname = "two"\n'
+             '[[cluster.nodes]]\ngpu = "H100-SXM-80GB"\ncount = 1\nname = "h"\n'
+             '[[cluster.nodes]]\ngpu = "A100-SXM-80GB"\ncount = 1\nname = "a"\n'
+             '[training]\nglobal_batch = 64\nseq_len = 2048\nn_micro = 8\n')
+
+
 def test_ctrl_c_during_verify_prints_finished_rows(monkeypatch, capsys, tmp_path):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(verify_cmd, "cross_check", interrupted)
-    job = tmp_path / "two-nodes.toml"  # small enough that every rule set plans in a second
-    job.write_text('model = "llama2-7b"\n[cluster]\nname = "two"\n'
-                   '[[cluster.nodes]]\ngpu = "H100-SXM-80GB"\ncount = 1\nname = "h"\n'
-                   '[[cluster.nodes]]\ngpu = "A100-SXM-80GB"\ncount = 1\nname = "a"\n'
-                   '[training]\nglobal_batch = 64\nseq_len = 2048\nn_micro = 8\n')
+    job = tmp_path / "two-nodes.toml"
+    job.write_text(TWO_NODES)
     code = main(["verify", str(job)])
     captured = capsys.readouterr()
     assert code == 130
@@ -232,10 +236,7 @@ def test_verify_reports_a_solver_too_large_to_run(monkeypatch, capsys, tmp_path)
     import formulations.groups_common as groups_common
     monkeypatch.setattr(groups_common, "MAX_SLOT_VARS", 0)
     job = tmp_path / "two-nodes.toml"
-    job.write_text('model = "llama2-7b"\n[cluster]\nname = "two"\n'
-                   '[[cluster.nodes]]\ngpu = "H100-SXM-80GB"\ncount = 1\nname = "h"\n'
-                   '[[cluster.nodes]]\ngpu = "A100-SXM-80GB"\ncount = 1\nname = "a"\n'
-                   '[training]\nglobal_batch = 64\nseq_len = 2048\nn_micro = 8\n')
+    job.write_text(TWO_NODES)
     assert main(["verify", str(job)]) == 0
     out = capsys.readouterr().out
     assert "cpsat not run (the slot model would have" in out and "limit 0" in out

@@ -111,18 +111,16 @@ def regathered_share(ti: TimeInputs, cfg: ConfigArrays, share: np.ndarray) -> np
     return np.clip(1.0 - reuse / (2.0 * np.maximum(layer, 1.0)), 0.0, 1.0) * share
 
 
-def list_collective_host(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray,
-                         emb: np.ndarray, head: np.ndarray, q_dense: np.ndarray,
-                         q_expert: np.ndarray) -> np.ndarray:
+def list_collective_host(ti: TimeInputs, dense_colls: np.ndarray, expert_colls: np.ndarray,
+                         q_dense: np.ndarray, q_expert: np.ndarray) -> np.ndarray:
     """Host seconds per gather or reduce-scatter pass of ZeRO-3's list-based collectives
     (``Calibration.zero3_list_collectives``; 0 otherwise): each of the pass's per-module
-    collectives (:func:`zero3_collectives`) builds, records and copies one tensor per rank of
-    its group, ``list_collective_rank_s`` each."""
+    collectives (``dense_colls`` on the dense group, ``expert_colls`` on the expert group,
+    :func:`zero3_collectives`) builds, records and copies one tensor per rank of its group,
+    ``list_collective_rank_s`` each."""
     if not ti.calib.zero3_list_collectives:
-        return np.zeros(np.broadcast(np.asarray(cfg.tp), np.asarray(layers)).shape)
-    n_d, n_e = zero3_collectives(ti.model, ti.profile.zero3_per_matrix,
-                                 ti.model.experts / cfg.ep)
-    ranks = (layers * n_d + emb + head) * q_dense + layers * n_e * q_expert
+        return np.zeros(np.broadcast(dense_colls, q_dense).shape)
+    ranks = dense_colls * q_dense + expert_colls * q_expert
     return ranks * ti.calib.list_collective_rank_s
 
 
@@ -149,11 +147,12 @@ def _collectives(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: np.
     # coll prices each group as one collective: the other per-module ones add their latency.
     n_d, n_e = zero3_collectives(ti.model, ti.profile.zero3_per_matrix,
                                  ti.model.experts / cfg.ep)
-    more_d = np.maximum(layers * n_d + emb + head - 1, 0)
-    more_e = np.where(expert > 0, np.maximum(layers * n_e - 1, 0), 0)
+    all_d, all_e = layers * n_d + emb + head, layers * n_e
+    more_d = np.maximum(all_d - 1, 0)
+    more_e = np.where(expert > 0, np.maximum(all_e - 1, 0), 0)
     steps = (more_d * ring_time(0.0, q_dense, bw_d, lat_d)
              + more_e * ring_time(0.0, q_expert, bw_e, lat_e)
-             + list_collective_host(ti, cfg, layers, emb, head, q_dense, q_expert))
+             + list_collective_host(ti, all_d, all_e, q_dense, q_expert))
     buckets = np.maximum(np.ceil((dense + expert) / ti.profile.bucket_params(cfg.dp)), 1.0)
     local = np.where(cfg.zero >= 1, dense / q_dense + expert / q_expert, dense + expert)
     return coll, steps, buckets, local

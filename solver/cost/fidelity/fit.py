@@ -56,14 +56,21 @@ def fit_in_training(prefix: str = HOPPER_ROWS, gpu: str = HOPPER_GPU,
     (a coarse grid of 0.01, then 0.001 around its best), its error, and the rows used."""
     catalog = load_catalog()
     rows = [r for r in load_rows() if r.id.startswith(prefix) and not refusal(r, catalog)]
-
-    def best(grid: list[float]) -> tuple[float, float]:
-        return min(((log_error(rows, catalog, gpu, k), k) for k in grid))
-
-    _, coarse = best([round(lo + 0.01 * i, 3) for i in range(int((hi - lo) / 0.01) + 1)])
-    err, fine = best([round(coarse + 0.001 * i, 3) for i in range(-10, 11)
-                      if lo <= coarse + 0.001 * i <= hi])
+    fine, err = _grid_min(lambda k: log_error(rows, catalog, gpu, k), lo, hi, 0.01, 3)
     return fine, err, [r.id for r in rows]
+
+
+def _grid_min(error, lo: float, hi: float, step: float, digits: int) -> tuple[float, float]:
+    """(argument, value) minimising ``error`` over a grid of ``step`` on ``[lo, hi]``, then of
+    ``step / 10`` within one coarse step of the coarse best (rounded to ``digits``)."""
+    def best(grid: list[float]) -> tuple[float, float]:
+        return min((error(x), x) for x in grid)
+
+    count = int(round((hi - lo) / step)) + 1
+    _, coarse = best([round(lo + step * i, digits) for i in range(count)])
+    err, fine = best([round(coarse + step / 10 * i, digits) for i in range(-10, 11)
+                      if lo <= coarse + step / 10 * i <= hi])
+    return fine, err
 
 
 #: Rows of the list-collective fit (README: SC'21 Table 2's DeepSpeed ZeRO-3 runs).
@@ -84,11 +91,6 @@ def fit_list_collective(prefix: str = LIST_COLLECTIVE_ROWS, hi_us: float = 40.0
     with ``prefix`` (a grid of 1 us, then 0.1 us around its best), its error, and the rows."""
     catalog = load_catalog()
     rows = [r for r in load_rows() if r.id.startswith(prefix)]
-
-    def best(grid_us: list[float]) -> tuple[float, float]:
-        return min((worst_log_error(rows, catalog, us * 1e-6), us) for us in grid_us)
-
-    _, coarse = best([float(i) for i in range(int(hi_us) + 1)])
-    err, fine = best([round(coarse + 0.1 * i, 1) for i in range(-10, 11)
-                      if 0.0 <= coarse + 0.1 * i <= hi_us])
+    fine, err = _grid_min(lambda us: worst_log_error(rows, catalog, us * 1e-6), 0.0, hi_us,
+                          1.0, 1)
     return fine * 1e-6, err, [r.id for r in rows]

@@ -7,8 +7,9 @@ Ring collectives over the dense and the expert data-parallel groups
 (:func:`~solver.planner.check.time_check_machine.strided` links); ZeRO-3 runs one collective per
 module (DeepSpeed: per weight matrix; FSDP: per layer), DeepSpeed gathers recomputed layers a
 third time beyond its reuse distance, and 2021 DeepSpeed hid none of it
-(``zero3_prefetch``) and did host work per rank of every collective (``zero3_list_collectives``); bucketed collectives hide behind the pass they overlap except the last
-bucket, ``max(c - w (1 - 1/nb), c / nb)``. Under the interleaved schedule Megatron-Core syncs
+(``zero3_prefetch``) and did host work per rank of every collective
+(``zero3_list_collectives``); bucketed collectives hide behind the pass they overlap except the
+last bucket, ``max(c - w (1 - 1/nb), c / nb)``. Under the interleaved schedule Megatron-Core syncs
 chunk by chunk (``forward_backward_pipelining_with_interleaving``: a chunk's gradients once its
 last backward is done, aligned over the pipeline ranks; a chunk's parameters gathered from the
 start of the chunk before it): :func:`by_chunks`.

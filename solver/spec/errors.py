@@ -28,6 +28,27 @@ class InputError(Exception):
         super().__init__(f"{self.file}: {key}: {reason}")
 
 
+class SolverTooLarge(InputError):
+    """An instance larger than the chosen composition solver's model is built for.
+
+    An :class:`InputError` on the ``--solver`` flag (a command that asked for that solver exits
+    with status 2 and the limit); a command comparing solvers (``bench --solvers``,
+    ``verify``) reports that solver as not run and goes on with the others.
+
+    Parameters
+    ----------
+    solver : str
+        The solver (``dp``, ``cpsat``, ``milp``, ``brute``).
+    limit : str
+        Which limit the instance exceeds, one line.
+    """
+
+    def __init__(self, solver: str, limit: str) -> None:
+        self.solver = solver
+        self.limit = limit
+        super().__init__("<cli>", "--solver", f"{solver}: {limit}")
+
+
 class InfeasibleError(Exception):
     """The problem is well formed but nothing satisfies it; the message names the tightest limit.
 

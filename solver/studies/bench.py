@@ -29,7 +29,7 @@ from solver.planner.replica.replicas import ReplicaOptions, plan_replicas
 from solver.planner.stages.search import PlannerConfig, PlanningRun, plan_job, start_run
 from solver.planner.check.validate import PlanInvalid
 from solver.spec.domain import JobSpec, SolverKind
-from solver.spec.errors import InfeasibleError, InputError
+from solver.spec.errors import InfeasibleError, InputError, SolverTooLarge
 from solver.spec.loaders import INSTANCES, load_job
 from solver.studies.sweep import plan_auto
 
@@ -46,6 +46,7 @@ class SolverStatus(enum.Enum):
     #: solve's time limit, and a solve that times out without any plan is not flagged by it
     INFEASIBLE = "infeasible"    #: no plan, and no time limit was hit: proven
     NO_PLAN_LIMIT = "no plan within limit"  #: no plan, but a limit may have cut the search
+    NOT_RUN = "not run"          #: the instance is larger than the solver's model is built for
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class SolverRun:
         Wall time of planning with a warm candidate cache (composition, sweeps, validation).
     bound, gap : float | None
         Lower bound and relative gap when optimality was not proven (as the solver reports).
+    not_run : str
+        The size limit that kept the solver from running (status ``not run``; else empty).
     """
 
     solver: str
@@ -72,6 +75,7 @@ class SolverRun:
     time_s: float
     bound: float | None = None
     gap: float | None = None
+    not_run: str = ""
 
 
 @dataclass(frozen=True)
@@ -247,13 +251,15 @@ def unpruned_calls(job: JobSpec, n_micro: int) -> int:
     return run.cache.calls
 
 
-_UNPROVEN = (SolverStatus.LIMIT, SolverStatus.UNPROVEN, SolverStatus.NO_PLAN_LIMIT)
+_UNPROVEN = (SolverStatus.LIMIT, SolverStatus.UNPROVEN, SolverStatus.NO_PLAN_LIMIT,
+             SolverStatus.NOT_RUN)
 
 
 def agreement(runs: Sequence[SolverRun]) -> bool | None:
     """Whether the solvers agree: every one proved its answer and the answers match.
 
-    A solver that hit its limit never counts as agreeing, even with the same objective.
+    A solver that hit its limit never counts as agreeing, even with the same objective, and
+    neither does one that did not run (the instance exceeds its model).
     """
     if len(runs) < 2:
         return None
@@ -281,6 +287,10 @@ def solver_runs(job: JobSpec, config: PlannerConfig, run: PlanningRun,
             raise
         except InfeasibleError:
             plan = None
+        except SolverTooLarge as exc:  # that solver's size limit: the others still report
+            out.append(SolverRun(kind.value, SolverStatus.NOT_RUN, None,
+                                 time.perf_counter() - start, not_run=exc.limit))
+            continue
         out.append(_solver_run(kind, plan, time.perf_counter() - start, limit))
     return tuple(out)
 
@@ -391,7 +401,8 @@ def row_json(row: BenchRow) -> dict[str, Any]:
         "infeasible": row.infeasible or None,
         "solvers": {s.solver: {"status": s.status.value, "optimal": s.status is SolverStatus.OPTIMAL,
                                "objective_s": _opt(s.objective_s), "time_s": _r(s.time_s, 4),
-                               "bound": _opt(s.bound), "gap": _opt(s.gap)}
+                               "bound": _opt(s.bound), "gap": _opt(s.gap),
+                               "not_run": s.not_run or None}
                     for s in row.solvers},
         "agree": row.agree,
         "baselines": {b.name: {"tokens_per_s": _opt(b.tokens_per_s, 6),

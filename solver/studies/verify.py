@@ -15,7 +15,7 @@ from solver.planner.plan import Plan
 from solver.planner.pruning import Rule
 from solver.planner.stages.search import PlannerConfig, plan_job
 from solver.spec.domain import JobSpec, SolverKind
-from solver.spec.errors import InfeasibleError, InputError
+from solver.spec.errors import InfeasibleError, SolverTooLarge
 
 REL_TOL = 1e-6
 ABLATION = (Rule.DEDUPE,
@@ -110,10 +110,10 @@ def cross_check(job: JobSpec, n_micro: int, rules: Rule = Rule.paper()
     for kind in (SolverKind.DP, SolverKind.CPSAT, SolverKind.MILP):
         try:
             plan, _, _ = _run(job, rules, n_micro, kind)
-        except InputError as exc:  # the model's size limit: the other solvers still report
+        except SolverTooLarge as exc:  # the model's size limit: the other solvers still report
             out[kind.value] = None
             status[kind.value] = {"proven": False, "bound_s": None, "gap": None,
-                                  "not_run": exc.reason.removeprefix(f"{kind.value}: ")}
+                                  "not_run": exc.limit}
             continue
         out[kind.value] = plan.iteration_time_s if plan else None
         proven = plan is None or plan.solver.optimal

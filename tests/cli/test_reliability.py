@@ -245,3 +245,35 @@ def test_verify_reports_a_solver_too_large_to_run(monkeypatch, capsys, tmp_path)
     solvers = json.loads(capsys.readouterr().out)["solvers"]
     assert solvers["cpsat"] is None and "limit 0" in solvers["status"]["cpsat"]["not_run"]
     assert solvers["dp"] is not None and solvers["verdict"] == "not proven"
+
+
+def test_bench_reports_a_solver_too_large_to_run(monkeypatch, capsys, tmp_path):
+    """``bench --solvers`` ended with the size error of one solver (and no table); now that
+    solver reads ``not run`` with its limit, the DP still reports, and agreement is not
+    proven."""
+    import formulations.groups_common as groups_common
+    monkeypatch.setattr(groups_common, "MAX_SLOT_VARS", 0)
+    job = tmp_path / "two-nodes.toml"
+    job.write_text(TWO_NODES)
+    assert main(["bench", str(job), "--solvers", "dp,cpsat"]) == 0
+    out = capsys.readouterr().out
+    assert "not run (the slot model would have" in out and "limit 0" in out
+    assert "not proven" in out
+    assert main(["bench", str(job), "--solvers", "dp,cpsat", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    cpsat, dp = row["solvers"]["cpsat"], row["solvers"]["dp"]
+    assert cpsat["status"] == "not run" and "limit 0" in cpsat["not_run"]
+    assert cpsat["objective_s"] is None and dp["status"] == "optimal" and dp["not_run"] is None
+    assert row["agree"] is False
+
+
+def test_plan_with_a_solver_too_large_is_still_one_line(monkeypatch, capsys, tmp_path):
+    """Asking for that solver directly keeps the one-line error and exit status 2."""
+    import formulations.groups_common as groups_common
+    monkeypatch.setattr(groups_common, "MAX_SLOT_VARS", 0)
+    job = tmp_path / "two-nodes.toml"
+    job.write_text(TWO_NODES)
+    assert main(["plan", str(job), "--solver", "cpsat"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: <cli>: --solver: cpsat: the slot model would have")
+    assert "\n" not in err

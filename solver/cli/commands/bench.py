@@ -135,19 +135,22 @@ def text_row(row: BenchRow, options: BenchOptions) -> dict:
 
 
 def _agree_cell(row) -> str:
-    """yes / not proven (a solver stopped at its limit, its value equal to the others') / NO."""
+    """yes / not proven (a solver stopped at its limit, its value equal to the others', or one
+    did not run) / NO."""
     if row.agree is None:
         return "-"
     if row.agree:
         return "yes"
     values = {round(s.objective_s, 6) for s in row.solvers if s.objective_s is not None}
-    limited = any(s.status.value in ("limit", "unproven") for s in row.solvers)
+    limited = any(s.status.value in ("limit", "unproven", "not run") for s in row.solvers)
     return "not proven" if limited and len(values) <= 1 else "NO"
 
 
 def solver_cell(s: SolverRun) -> str:
     """``18.121 s opt (0.01 s)``; a solver its limit stopped shows what it proved (bound,
     gap), or that it proved none."""
+    if s.not_run:
+        return f"not run ({s.not_run})"
     if s.objective_s is None:
         return f"{s.status.value} ({s.time_s:.2f} s)"
     text = f"{s.objective_s:.6f} s"

@@ -19,7 +19,7 @@ from solver.compose.result import CompositionResult, SolveStatus, TooLargeError
 from solver.compose.stage_table import GroupRestrictions, GroupResult, StageTable
 from solver.compose.table import LatencyTable, Restrictions
 from solver.spec.domain import SolverKind
-from solver.spec.errors import InputError
+from solver.spec.errors import SolverTooLarge
 
 
 def solve_table(table: LatencyTable, restrictions: Restrictions | None, kind: SolverKind,
@@ -28,13 +28,13 @@ def solve_table(table: LatencyTable, restrictions: Restrictions | None, kind: So
 
     Raises
     ------
-    InputError
+    SolverTooLarge
         The instance exceeds what the chosen solver is built for (its message says the limit).
     """
     try:
         result = _solve(table, restrictions, kind, overlap, time_limit_s)
     except TooLargeError as exc:
-        raise InputError("<cli>", "--solver", f"{kind.value}: {exc}") from None
+        raise SolverTooLarge(kind.value, str(exc)) from None
     if kind in (SolverKind.DP, SolverKind.BRUTE) or result.status is SolveStatus.INFEASIBLE:
         return result
     if result.optimal:  # of several optimal plans, the one every solver returns
@@ -83,7 +83,7 @@ def solve_stage_table(table: StageTable, restrictions: GroupRestrictions | None,
 
     Raises
     ------
-    InputError
+    SolverTooLarge
         The instance exceeds what the chosen solver is built for.
     """
     try:
@@ -95,7 +95,7 @@ def solve_stage_table(table: StageTable, restrictions: GroupRestrictions | None,
         upper = dp.objective * (1 + 1e-9) if dp.objective is not None else float("inf")
         result = _solve_model(table, restrictions, kind, overlap, time_limit_s, upper, dp.stages)
     except TooLargeError as exc:
-        raise InputError("<cli>", "--solver", f"{kind.value}: {exc}") from None
+        raise SolverTooLarge(kind.value, str(exc)) from None
     if result.optimal and result.feasible and dp.feasible and \
             abs(result.objective - dp.objective) <= 1e-9 * dp.objective:
         # Equal optima: the DP's plan, so every solver returns the same one (its tie rule).

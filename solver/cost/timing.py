@@ -55,6 +55,11 @@ from solver.spec.domain import CrossEntropyKernel, ModelSpec
 
 MOE_PERMUTE_BYTES = 8.0   # bytes per hidden element per routed copy: permute + unpermute r/w
 MOE_SORT_BYTES = 8.0      # the same for the sort by local expert and its inverse (r/w each)
+#: Bytes per routed hidden element of the experts' second bias (forward, backward), added
+#: outside the grouped GEMM in 16 bits (:func:`_expert_bias`): forward ``b * p`` writes 2,
+#: ``t + b * p`` reads 4 and writes 2, ``torch.cat`` reads 2 and writes 2; backward the
+#: gradients of ``b`` and ``p`` each write and read a product and read the gradient (6 each).
+EXPERT_BIAS_BYTES = (12.0, 12.0)
 
 
 @dataclass(frozen=True)
@@ -260,6 +265,26 @@ def _expert_sort(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray) -> np.ndarray
                     MOE_SORT_BYTES * rows * m.hidden / ti.links.hbm_bw, 0.0)
 
 
+def _expert_bias(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray
+                 ) -> tuple[np.ndarray | float, np.ndarray | float]:
+    """Forward and backward seconds of the experts' second bias (models with biases, ``bias``).
+
+    Megatron-Core's ``TEGroupedMLP`` runs its second grouped GEMM without the bias
+    (``skip_bias_add=True``) and adds it afterwards, expert by expert, weighted by the routing
+    probability: ``torch.cat([t + b * p for each local expert])`` (``_apply_bias``,
+    ``megatron/core/transformer/moe/experts.py``, core_v0.15.0 on), eager element-wise kernels
+    over every routed row of ``h`` (:data:`EXPERT_BIAS_BYTES`, with the router's probabilities
+    in the model's 16 bits, Megatron-Core's default ``moe_router_dtype``). The first GEMM's
+    bias is fused into its epilogue by Transformer Engine and costs nothing extra.
+    """
+    m = ti.model
+    if not (m.is_moe and m.bias):
+        return 0.0, 0.0
+    rows = expert_tp(cfg) * n / cfg.tp * m.top_k * ti.calib.moe_capacity_factor
+    per_byte = rows * m.hidden / ti.links.hbm_bw
+    return EXPERT_BIAS_BYTES[0] * per_byte, EXPERT_BIAS_BYTES[1] * per_byte
+
+
 def tp_exposed(ti: TimeInputs, comm: np.ndarray, gemm: np.ndarray, tp: np.ndarray) -> np.ndarray:
     """TP communication left exposed beside ``gemm`` seconds of GEMMs (module docstring)."""
     if not ti.profile.tp_comm_overlap:
@@ -291,8 +316,9 @@ def layer_times(ti: TimeInputs, cfg: ConfigArrays, share: np.ndarray | float = 1
                 ) -> tuple[Components, Components]:
     """Forward and backward :class:`Components` of one layer for one micro-batch.
 
-    The backward pass costs twice the forward's compute (its FP8 quantization aside: the
-    gradients' own, :func:`~solver.cost.fp8_casts.layer_cast_bytes`). Its TP and EP traffic
+    The backward pass costs twice the forward's compute (its FP8 quantization and the experts'
+    second bias aside: the gradients' own, :func:`~solver.cost.fp8_casts.layer_cast_bytes`,
+    :func:`_expert_bias`). Its TP and EP traffic
     equals the forward's (the conjugate collectives: reduce-scatter of input gradients,
     all-gather of output gradients, the reverse all-to-alls), overlapped (where the framework
     does) beside twice the GEMM time; the extra all-gather of the sequence-sharded input for
@@ -312,7 +338,8 @@ def layer_times(ti: TimeInputs, cfg: ConfigArrays, share: np.ndarray | float = 1
     # FP8 quantization: the forward's is part of comp, the backward's quantizes gradients.
     cast_fwd, cast_bwd = (x / ti.links.hbm_bw for x in layer_cast_bytes(
         ti.model, cfg.tp, expert_tp(cfg), n, ti.calib.moe_capacity_factor, *ti.fp8_cast))
-    comp = comp + cast_fwd
+    bias_fwd, bias_bwd = _expert_bias(ti, cfg, n)
+    comp = comp + cast_fwd + bias_fwd
     tp, cp, ep = _layer_comm(ti, cfg, n)
     rc_comm = np.where(cfg.recompute == 2, share, 0.0)
     rc_core = rc_comm * comp + np.where(cfg.recompute == 1, attn, 0.0)
@@ -321,7 +348,7 @@ def layer_times(ti: TimeInputs, cfg: ConfigArrays, share: np.ndarray | float = 1
     tp_bwd = tp_exposed(ti, tp, 2 * gemm, cfg.tp)
     fwd = Components(compute=comp, tp=tp_fwd, cp=cp_exposed, ep=ep)
     bwd = Components(
-        compute=2 * (comp - cast_fwd) + cast_bwd, recompute=rc_core,
+        compute=2 * (comp - cast_fwd - bias_fwd) + cast_bwd + bias_bwd, recompute=rc_core,
         tp=tp_bwd + rc_comm * tp_fwd, ep=ep * (1 + rc_comm),
         cp=cp_exposed * (2 + rc_comm + np.where(cfg.recompute == 1, 1.0, 0.0)),
     )

@@ -148,7 +148,8 @@ class ModelSpec:
     def bias_params_per_layer(self) -> int:
         """Biases of one layer's linear layers: QKV (``qkv_bias``), and with ``bias`` the
         output projection and the MLP (Megatron's fused gated ``fc1`` has ``2 ffn`` outputs).
-        MoE layers have no linear biases (:func:`check_model`)."""
+        MoE layers are counted without their linear biases (the planner refuses them,
+        :func:`check_model`; a few vectors per expert where a runtime has them)."""
         qkv = (self.heads + 2 * self.kv_heads) * self.d_head if self.has_qkv_bias else 0
         if not self.bias:
             return qkv
@@ -206,10 +207,14 @@ def check_model(m: ModelSpec, f: Fields) -> None:
         f.check("top_k", 1 <= m.top_k <= m.experts,
                 f"top_k must be in 1..experts ({m.experts}), got {m.top_k}")
         f.check("expert_ffn", m.expert_ffn >= 1, "an MoE model needs expert_ffn >= 1")
-        # Megatron-Core: TransformerConfig.__post_init__ asserts "Bias is not supported for MoE"
-        # (add_bias_linear with num_moe_experts); QKV biases alone are fine (Qwen2-MoE).
+        # Megatron-Core up to 0.15.0rc5 (FlagScale's pin; the megatron-core profile is 0.14):
+        # TransformerConfig.__post_init__ asserts "Bias is not supported for MoE"
+        # (add_bias_linear with num_moe_experts); QKV biases alone are fine (Qwen2-MoE). Core
+        # 0.15.0 accepts expert biases (GPT-OSS; TEGroupedMLP._apply_bias), which the cost model
+        # prices for the runs that used it (solver.cost.timing._expert_bias).
         f.check("bias", not m.bias, "linear biases (bias = true) are not supported with MoE "
-                "(Megatron-Core's TransformerConfig rejects them); qkv_bias is")
+                "(Megatron-Core's TransformerConfig rejects them up to 0.15.0rc5, the version "
+                "FlagScale pins); qkv_bias is")
     else:
         f.check("top_k", m.top_k == 0, "top_k needs experts > 0")
         f.check("shared_experts", m.shared_experts == 0, "shared_experts needs experts > 0")

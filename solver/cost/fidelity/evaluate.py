@@ -109,14 +109,23 @@ class Summary:
         return out
 
 
+#: Model names whose linear layers carry biases: Megatron-LM's GPT models (``--add-bias-linear``
+#: is its default; SC'21's, Korthikanti's and the H100 table's GPTs) and GPT-OSS (its config's
+#: ``attention_bias`` and expert biases; Megatron-Bridge ``GPTOSSProvider.add_bias_linear``).
+#: Llama 3, Qwen3 and DeepSeek-V3 have none.
+BIASED_MODELS = ("GPT",)
+
+
 def model_of(row: RunRow) -> ModelSpec:
-    """The row's model shape (shared experts as whole experts of ``expert_ffn`` width)."""
+    """The row's model shape (shared experts as whole experts of ``expert_ffn`` width; linear
+    biases for :data:`BIASED_MODELS`)."""
     shared = 0
     if row.experts and row.shared_expert_ffn:
         shared = max(1, round(row.shared_expert_ffn / row.expert_ffn))
     return ModelSpec(row.model, row.layers, row.hidden, row.ffn, row.heads, row.kv_heads,
                      row.vocab, row.gated_mlp, row.tied_embeddings, row.experts or 0,
-                     row.top_k or 0, row.expert_ffn or 0, shared, row.head_dim)
+                     row.top_k or 0, row.expert_ffn or 0, shared, row.head_dim,
+                     bias=row.model.startswith(BIASED_MODELS))
 
 
 def precision_of(name: str) -> Precision:

@@ -142,7 +142,8 @@ def _layer(st: _Setup, c: StageConfig, n: float) -> tuple[float, float, float, f
         received = c.etp * n / c.tp * m.top_k * st.calib.moe_capacity_factor
         work += _SORT_BYTES * received * m.hidden / g.hbm
     cast_f, cast_b = _fp8_casts(st, c, n)
-    work += cast_f
+    bias_f, bias_b = _expert_bias(st, c, n)
+    work += cast_f + bias_f
     tp = 4 * ring(2.0 * n * m.hidden, c.tp, *consecutive(g, c.tp))
     if m.is_moe:  # the MLP's gather and scatter run over the expert-TP group instead
         tp = tp / 2 + 2 * ring(2.0 * n * m.hidden * c.etp / c.tp, c.etp,
@@ -159,7 +160,21 @@ def _layer(st: _Setup, c: StageConfig, n: float) -> tuple[float, float, float, f
     redo = work if full else (attn if c.recompute is Recompute.SELECTIVE else 0.0)
     bwd_comm = (_tp_exposed(st, tp, 2 * gemm, c.tp) + (tp_fwd if full else 0.0)
                 + ep * (2 if full else 1) + cp * (2 if c.recompute is Recompute.NONE else 3))
-    return work, tp_fwd + cp + ep, 2 * (work - cast_f) + cast_b + redo, bwd_comm
+    return (work, tp_fwd + cp + ep, 2 * (work - cast_f - bias_f) + cast_b + bias_b + redo,
+            bwd_comm)
+
+
+def _expert_bias(st: _Setup, c: StageConfig, n: float) -> tuple[float, float]:
+    """Seconds (forward, backward) of the routed experts' second bias where the model has
+    biases: Megatron-Core adds it after the grouped GEMM as ``t + b * p`` per expert, joined
+    by ``torch.cat`` (``TEGroupedMLP._apply_bias``): forward 2 + 6 + 4 bytes per routed
+    hidden element in 16 bits, backward the products for the gradients of ``b`` and ``p``,
+    6 each."""
+    m = st.model
+    if not (m.is_moe and m.bias):
+        return 0.0, 0.0
+    rows = c.etp * n / c.tp * m.top_k * st.calib.moe_capacity_factor
+    return 12.0 * rows * m.hidden / st.gpu.hbm, 12.0 * rows * m.hidden / st.gpu.hbm
 
 
 def _fp8_casts(st: _Setup, c: StageConfig, n: float) -> tuple[float, float]:

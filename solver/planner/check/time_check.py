@@ -66,6 +66,7 @@ _hide = hide  # the name the validator's tests check the bucket formula under
 _LOSS_BYTES = MappingProxyType({"unfused": (38.0, 14.0), "te": (6.0, 4.0)})
 _PERMUTE_BYTES = 8.0   # HBM bytes per hidden element of every routed copy (permute, unpermute)
 _SORT_BYTES = 8.0      # and per token a rank's experts receive (sort by local expert, unsort)
+_BIAS_BYTES = 12.0     # per routed hidden element and pass: the experts' second bias (16-bit)
 
 
 class _Setup(NamedTuple):
@@ -174,7 +175,8 @@ def _expert_bias(st: _Setup, c: StageConfig, n: float) -> tuple[float, float]:
     if not (m.is_moe and m.bias):
         return 0.0, 0.0
     rows = c.etp * n / c.tp * m.top_k * st.calib.moe_capacity_factor
-    return 12.0 * rows * m.hidden / st.gpu.hbm, 12.0 * rows * m.hidden / st.gpu.hbm
+    seconds = _BIAS_BYTES * rows * m.hidden / st.gpu.hbm
+    return seconds, seconds
 
 
 def _fp8_casts(st: _Setup, c: StageConfig, n: float) -> tuple[float, float]:

@@ -49,9 +49,9 @@ class Parallelizer(Protocol):
 def prices_interleaving_above_plain(parallelizer: Parallelizer) -> bool:
     """Whether ``parallelizer`` declares (attribute ``interleaving_priced_above_plain``) that
     every plan it returns under interleaved 1F1B, ``v >= 2``, has a plan of the same layout
-    under plain 1F1B (same slice, group, micro-batches, in-flight and limits) that is no slower
-    in ``latency_s`` and whose ``optimizer_s`` is at most the interleaved plan's
-    ``iteration_s``: the premise of
+    under plain 1F1B (same slice, group, micro-batches, in-flight and limits) whose
+    ``latency_s`` less its transfers ``p2p_s`` is at most the interleaved plan's ``latency_s``
+    and whose ``optimizer_s`` is at most the interleaved plan's ``iteration_s``: the premise of
     :func:`~solver.planner.stages.interleaved.plain_floor`. Wrappers forward their inner's answer;
     a parallelizer that says nothing gets False, and no cut."""
     return bool(getattr(parallelizer, "interleaving_priced_above_plain", False))
@@ -110,7 +110,8 @@ class AnalyticParallelizer:
     features: FeaturePreset = FeaturePreset.FULL
     calibration: Calibration = DEFAULT_CALIBRATION
     # With v >= 2 chunks a configuration keeps its compute and per-iteration terms, pays v times
-    # the point-to-point time and holds at least as many micro-batches on every sub-stage
+    # the point-to-point time or hides it (so at least plain 1F1B's latency less its own
+    # transfers) and holds at least as many micro-batches on every sub-stage
     # (:func:`~solver.cost.stage_costs.in_flight_of`), and no layout is offered that plain
     # 1F1B lacks: what :func:`prices_interleaving_above_plain` asks.
     interleaving_priced_above_plain: ClassVar[bool] = True

@@ -10,6 +10,8 @@ slices of several lengths at once: :class:`SliceBatch`). The parallelizer
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -142,6 +144,10 @@ class PartialPlan:
     optimizer_s : float
         The optimizer step's part of ``iteration_s``: the per-iteration time the number of
         model chunks does not change (0 where not computed, a plan read from a cache).
+    p2p_s : float
+        The pipeline transfers in ``latency_s`` (forward plus backward), the part a runtime that
+        overlaps interleaved transfers may hide (:func:`~solver.planner.stages.interleaved.
+        plain_floor`); infinite where not computed, which bounds nothing.
     """
 
     config: StageConfig
@@ -155,6 +161,7 @@ class PartialPlan:
     stage_latencies: tuple[float, ...]
     max_in_flight: int = 0
     optimizer_s: float = 0.0
+    p2p_s: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -185,9 +192,9 @@ def partial_plans(cfg: ConfigArrays, costs: StageCosts, index: np.ndarray,
     gb = {f: [x / 1e9 for x in _column(getattr(mem, f), index, n)]
           for f in ("params", "grads", "optimizer", "activations", "fragmentation")}
     total = [x / 1e9 for x in _column(mem.total, index, n)]
-    lat, fwd, bwd, it, opt = (_column(a, index, n) for a in (
+    lat, fwd, bwd, it, opt, p2p = (_column(a, index, n) for a in (
         costs.latency_s, costs.fwd.total, costs.bwd.total, costs.iteration_s,
-        costs.optimizer_s))
+        costs.optimizer_s, costs.fwd.p2p + costs.bwd.p2p))
     out = []
     for k in range(len(index)):
         config = StageConfig(cols["tp"][k], cols["cp"][k], cols["ep"][k], cols["pp"][k],
@@ -198,5 +205,5 @@ def partial_plans(cfg: ConfigArrays, costs: StageCosts, index: np.ndarray,
                                     gb["activations"][k], gb["fragmentation"][k])
         out.append(PartialPlan(config, lat[k], fwd[k], bwd[k], it[k], total[k], breakdown,
                                (config.tp, config.cp, config.dp), subs[k],
-                               caps[k] if caps is not None else 0, opt[k]))
+                               caps[k] if caps is not None else 0, opt[k], p2p[k]))
     return out

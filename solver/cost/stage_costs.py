@@ -213,10 +213,14 @@ def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
                                  layers) * tokens_per_gpu(cfg, ti.seq_len) / cfg.tp)
     copy = np.where(cfg.offload, stored / ti.links.pcie_bw, 0.0)
     hidden = 1.0 if ti.overlap else 0.0  # copy engines run beside the compute of the pass
+    # Interleaved Megatron: a pass's transfers run under the other pass's compute.
+    behind = 1.0 if ti.profile.overlap_p2p and p2p_factor > 1 else 0.0
     fwd = Components(fwd.compute, fwd.recompute, fwd.tp, fwd.cp, fwd.ep, z_fwd,
-                     np.maximum(copy - hidden * fwd.compute, 0.0), p2p)
+                     np.maximum(copy - hidden * fwd.compute, 0.0),
+                     np.maximum(p2p - behind * bwd_work, 0.0))
     bwd = Components(bwd.compute, bwd.recompute, bwd.tp, bwd.cp, bwd.ep, z_bwd,
-                     np.maximum(copy - hidden * bwd_work, 0.0), p2p)
+                     np.maximum(copy - hidden * bwd_work, 0.0),
+                     np.maximum(p2p - behind * fwd.compute, 0.0))
     per_module = ti.profile.framework is Framework.DEEPSPEED
     memory = substage_memory(ti.model, ti.seq_len, cfg, layers, emb, head, in_flight,
                              ti.calib.offload_resident, flash, per_module, fp8, cf,

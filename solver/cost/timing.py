@@ -9,7 +9,8 @@ GEMM kernel (one per projection and pass, and per local expert: :func:`_routed_g
 attention core executes the full square at ``unfused_attention_eff`` (unfused kernels:
 Megatron-LM 2021, or a GPU without a fused kernel, V100) or half of it, the causal triangle,
 at the GPU's fused-kernel
-efficiency (FlashAttention-2/3), always in 16 bits; memory-bound operators move
+efficiency (FlashAttention-2/3, a stand-alone figure derated by the GPU's in-training fraction
+like its GEMMs), always in 16 bits; memory-bound operators move
 ``elementwise_bytes`` per hidden element per token through HBM (twice in backward), MoE layers
 also their permutations (``MOE_PERMUTE_BYTES``; with several local experts the sort by expert,
 ``MOE_SORT_BYTES``). FP8 layers add Transformer Engine's casts of every GEMM operand
@@ -236,7 +237,9 @@ def _layer_compute_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray
     m, c = ti.model, ti.calib
     full_square = 4 * n * ti.seq_len * m.heads * m.d_head / cfg.tp
     if ti.attention_eff is not None:
-        attn = 0.5 * full_square / (ti.attention_flops * ti.attention_eff)
+        # The fused kernel's figure is stand-alone, like the GEMM ceiling: inside a step it
+        # runs at the same sustained clock and shares its SMs alike (the in-training fraction).
+        attn = 0.5 * full_square / (ti.attention_flops * ti.attention_eff * ti.gemm.in_training)
     else:
         attn = full_square / (ti.attention_flops * c.unfused_attention_eff)
     elem_bytes = ti.calib.elementwise_bytes * m.hidden

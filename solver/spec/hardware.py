@@ -56,7 +56,8 @@ class GPUSpec:
         Arithmetic intensity, in machine balances, at which the GPU's GEMMs reach half the
         ceiling, fitted on its measured GEMMs (None: the calibration's default).
     gemm_in_training : float | None
-        Fraction of its stand-alone GEMM speed the GPU keeps inside a training step, fitted per
+        Fraction of its stand-alone speed the GPU keeps inside a training step (its GEMMs and
+        its fused attention kernel, which share the tensor cores and the clock), fitted per
         GPU generation on the development set (``scripts/fit_in_training.py``; None: the
         calibration's ``gemm_in_training``, fitted on SC'21 Table 1, A100).
     gemm_latency_us : float | None
@@ -65,7 +66,8 @@ class GPUSpec:
     attention : str
         Fused attention kernel: ``"fa3"``, ``"fa2"`` or ``"unfused"``.
     attention_eff : float
-        Fraction of 16-bit peak of the fused attention kernel on the FLOPs it executes.
+        Fraction of 16-bit peak of the fused attention kernel on the FLOPs it executes, stand-
+        alone (inside a step, times ``gemm_in_training``).
     kernel_source : str
         Where the kernel figures come from.
     vendor : str

@@ -211,7 +211,8 @@ def _stage_plan(job: JobSpec, island: Island, layers: tuple[int, int], config: S
     plan = PartialPlan(config, float(costs.latency_s[0]), float(costs.fwd.total[0]),
                        float(costs.bwd.total[0]), float(costs.iteration_s[0]),
                        float(mem.total[0]) / 1e9, breakdown, (config.tp, config.cp, config.dp),
-                       tuple(subs), optimizer_s=float(costs.optimizer_s[0]))
+                       tuple(subs), optimizer_s=float(costs.optimizer_s[0]),
+                       p2p_s=float(costs.fwd.p2p[0] + costs.bwd.p2p[0]))
     return StagePlan(island, start, end, slice_position(start, end, total), in_flight, plan,
                      nodes)
 

@@ -77,7 +77,8 @@ def test_megatron_args_for_a_one_layout_plan(tmp_path, capsys):
     if plan.virtual_stages > 1:
         per_chunk = job.model.layers // (c.pp * plan.virtual_stages)
         assert flags["--num-layers-per-virtual-pipeline-stage"] == str(per_chunk)
-    assert "--sequence-parallel" in flags and "--bf16" in flags
+    # Sequence parallelism only with TP (Megatron-LM's validate_args drops it at tp 1).
+    assert ("--sequence-parallel" in flags) == (c.tp > 1) and "--bf16" in flags
     assert flags["--num-layers"] == str(job.model.layers)
 
 

@@ -145,14 +145,19 @@ def test_plain_floor_is_below_every_interleaved_plan_of_its_group(data):
 def test_plain_floor_by_hand(homog):
     """Two plain plans: one of a depth Megatron can interleave at n = 4, one it cannot. Of the
     per-iteration 0.5 s only the optimizer step's 0.2 s counts: interleaved, the data-parallel
-    sync runs chunk by chunk and may hide more."""
+    sync runs chunk by chunk and may hide more. Of the latency, the plain plan's own transfers
+    do not count: interleaved, Megatron may hide them behind compute (``overlap_p2p_comm``)."""
     job, plan = homog
     p = plan.stages[0].plan
     deep, odd = (replace(p, config=replace(p.config, pp=pp), latency_s=lat, iteration_s=0.5,
-                         optimizer_s=0.2)
+                         optimizer_s=0.2, p2p_s=0.0)
                  for pp, lat in ((2, 1.0), (3, 0.1)))
     assert plain_floor(job, [deep, odd], 4) == pytest.approx(4 * 1.0 + 0.2)  # pp 3 ∤ 4
     assert plain_floor(job, [odd], 4) == math.inf
+    # 0.25 s of the 1 s are transfers: 4 x 0.75 + 0.2.
+    assert plain_floor(job, [replace(deep, p2p_s=0.25)], 4) == pytest.approx(3.2)
+    # A plan that does not say (a default PartialPlan) bounds nothing above its optimizer step.
+    assert plain_floor(job, [replace(deep, p2p_s=math.inf)], 4) == pytest.approx(0.2)
 
 
 class _Opaque:

@@ -70,7 +70,8 @@ _ALL_RC = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 _MEGATRON = dict(zero_pipelined=(0, 1), zero_single=(0, 1), uniform_zero=True, offload=False,
                  ep=True, overlap_grad_reduce=True, overlap_param_gather=True,
                  tp_comm_overlap=True, zero2_per_microbatch=False, grad_bucket_params=4e7,
-                 zero3_live_params=0.0, unfused_attention=False, fused_loss=True)
+                 zero3_live_params=0.0, unfused_attention=False, fused_loss=True,
+                 overlap_p2p=True)
 
 PROFILES = MappingProxyType({
     Framework.FLAGSCALE: FrameworkProfile(
@@ -153,7 +154,7 @@ class Runtime:
         if self.overlap:
             return prof
         return dataclasses.replace(prof, overlap_grad_reduce=False, overlap_param_gather=False,
-                                   tp_comm_overlap=False)
+                                   tp_comm_overlap=False, overlap_p2p=False)
 
 
 def state_types(job) -> dict:

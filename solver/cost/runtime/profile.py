@@ -102,6 +102,16 @@ class FrameworkProfile:
         ``--cross-entropy-loss-fusion --cross-entropy-fusion-impl te``. Megatron-LM 2021,
         DeepSpeed and FSDP as profiled here compute the loss outside it
         (:func:`~solver.cost.runtime.runtime_rules.loss_kernel_problem`).
+    overlap_p2p : bool
+        Overlaps the interleaved schedule's pipeline transfers with compute: Megatron-LM's
+        ``overlap_p2p_comm`` (on unless ``--no-overlap-p2p-communication``;
+        ``validate_args`` in ``megatron/training/arguments.py`` turns it off without virtual
+        stages; Megatron-Bridge's ``CommOverlapConfig`` sets it for ``vp > 1``). In
+        ``forward_backward_pipelining_with_interleaving`` (``megatron/core/pipeline_parallel/
+        schedules.py``) a forward chunk posts its send and the next receive asynchronously
+        and the backward chunk that follows runs before the wait, and the other way round, so
+        a transfer is exposed only beyond the other pass's compute. Plain 1F1B sends in
+        blocking batches (``batch_p2p_comm``); Megatron-LM 2021 waited on every transfer.
     """
 
     framework: Framework
@@ -130,6 +140,7 @@ class FrameworkProfile:
     zero3_per_matrix: bool = False
     zero3_reuse_params: float = 0.0
     fused_loss: bool = False
+    overlap_p2p: bool = False
 
     def zero_stages(self, pipelined: bool) -> tuple[int, ...]:
         """ZeRO stages allowed for a stage of a multi-stage pipeline or a single stage."""

@@ -16,7 +16,8 @@ One micro-batch on one GPU covers ``n = b s / cp`` tokens. Per layer and pass:
   ``t0`` per kernel (one per matrix and pass, and per local expert: Transformer Engine's grouped
   GEMM launches one cuBLAS GEMM per expert, ``multi_stream_cublas_gemm``); MoE adds
   the router and the busiest rank's experts at the capacity factor. The attention core is
-  ``4 n s a d / tp`` FLOPs (half of it with a fused causal kernel) in 16 bits; norms,
+  ``4 n s a d / tp`` FLOPs in 16 bits (half of it with a fused causal kernel, whose stand-alone
+  efficiency ``kappa`` derates like the GEMMs'); norms,
   activations and the MoE permutation (and, with several local experts, the sort of the
   received tokens by expert) stream bytes through HBM. Under FP8 every GEMM operand is cast
   (activations forward, output gradients backward; amax, read, write, a transposed byte on
@@ -133,7 +134,7 @@ def _layer(st: _Setup, c: StageConfig, n: float) -> tuple[float, float, float, f
     """(forward work, forward exposed comm, backward work, backward exposed comm) of a layer."""
     m, g = st.model, st.gpu
     square = 4 * n * st.seq * m.heads * m.d_head / c.tp
-    attn = (square / 2 / (g.sixteen * g.attention) if g.attention is not None
+    attn = (square / 2 / (g.sixteen * g.attention * g.kappa) if g.attention is not None
             else square / (g.sixteen * st.calib.unfused_attention_eff))
     streamed = st.calib.elementwise_bytes * m.hidden + (
         _PERMUTE_BYTES * m.top_k * m.hidden if m.is_moe else 0.0)
@@ -273,8 +274,10 @@ def _substage(st: _Setup, c: StageConfig, layers: int, emb: bool, head: bool,
     if c.pp > 1:
         bw, lat = consecutive(st.gpu, 2 * c.tp * c.cp * c.dp)
         p2p = (2.0 * n * st.model.hidden / c.tp / bw + lat) * p2p_factor
-    fwd = fwd_work + fwd_comm + z_fwd + off_f + p2p
-    bwd = bwd_work + bwd_comm + z_bwd + off_b + p2p
+    # overlap_p2p: an interleaved pass's transfers hide under the other pass's compute.
+    under = 1.0 if st.profile.overlap_p2p and round(p2p_factor) > 1 and st.overlap else 0.0
+    fwd = fwd_work + fwd_comm + z_fwd + off_f + max(p2p - under * bwd_work, 0.0)
+    bwd = bwd_work + bwd_comm + z_bwd + off_b + max(p2p - under * fwd_work, 0.0)
     return fwd + bwd, dp_s, opt_s
 
 

@@ -22,7 +22,7 @@ class Machine(NamedTuple):
     half: float         # FLOP/B at which a GEMM reaches half the ceiling
     ceiling: float      # largest fraction of ``peak`` a GEMM reaches
     kernel: float       # fixed seconds per GEMM kernel
-    kappa: float        # in-training fraction of the stand-alone GEMM speed
+    kappa: float        # in-training fraction of the stand-alone GEMM and attention speed
     attention: float | None  # fused-kernel efficiency, None when unfused
     intra: float        # bytes/s inside a node, per direction
     inter: float        # bytes/s over the NIC

@@ -134,18 +134,20 @@ def plain_floor(job: JobSpec, plain: list[PartialPlan], n: int) -> float:
     depth Megatron could interleave (``pp >= 2``, ``layers % pp = 0``, ``n % pp = 0``, allowed
     by the constraints).
 
-    Provably safe for a parallelizer that prices interleaving above plain 1F1B
-    (:func:`~solver.cost.parallelizer.prices_interleaving_above_plain`; the analytic cost
-    model does): a configuration priced with ``v`` chunks has the same compute and optimizer
-    step as under plain 1F1B, ``v`` times the point-to-point time, and at least as many
-    micro-batches in flight on every sub-stage (so it also fits under plain 1F1B, where it, or
-    a plan of its layout no slower in latency and optimizer step, is in ``plain``); its
-    data-parallel sync, run chunk by chunk, may be less (:func:`~solver.cost.sync.
-    hide_interleaved`), so only the optimizer step (``optimizer_s``) counts of the
-    per-iteration time; and :func:`~solver.planner.plan.interleaved_cycle_time` is at least
-    ``n · max τ``.
+    Provably safe for a parallelizer that prices interleaving above plain 1F1B less its
+    transfers (:func:`~solver.cost.parallelizer.prices_interleaving_above_plain`; the analytic
+    cost model does): a configuration priced with ``v`` chunks has the same compute and
+    optimizer step as under plain 1F1B, its ``v`` times as many point-to-point transfers
+    exposed or hidden behind compute (Megatron's ``overlap_p2p_comm``), so its latency is at
+    least the plain plan's less the plain plan's own transfers (``p2p_s``), and at least as
+    many micro-batches in flight on every sub-stage (so it also fits under plain 1F1B, where
+    it, or a plan of its layout no slower in latency less transfers and optimizer step, is in
+    ``plain``); its data-parallel sync, run chunk by chunk, may be less
+    (:func:`~solver.cost.sync.hide_interleaved`), so only the optimizer step (``optimizer_s``)
+    counts of the per-iteration time; and :func:`~solver.planner.plan.interleaved_cycle_time`
+    is at least ``n · max τ``.
     """
-    return min((n * p.latency_s + p.optimizer_s for p in plain
+    return min((n * max(p.latency_s - p.p2p_s, 0.0) + p.optimizer_s for p in plain
                 if p.config.pp >= 2 and job.model.layers % p.config.pp == 0
                 and n % p.config.pp == 0 and job.constraints.allows_depth(p.config.pp)),
                default=math.inf)

@@ -97,13 +97,13 @@ def test_every_row_but_mla_evaluated_and_fits(summary):
 
 
 def test_summary_does_not_get_worse(summary):
-    """Pinned at the figures reached (median 6.0 %, 35 of 39 rows within ±15 %, worst row
-    28.3 %: GPT-OSS 120B on GB300), evaluated at the planner's default memory margin (ε = 0
+    """Pinned at the figures reached (median 6.2 %, 35 of 39 rows within ±15 %, worst row
+    27.0 %: Llama 3 70B on GB200), evaluated at the planner's default memory margin (ε = 0
     beside the named runtime reserves), with a small slack: a change that worsens the model on
     the published runs fails here."""
-    assert summary.median_abs_error <= 0.060 + 0.005
+    assert summary.median_abs_error <= 0.062 + 0.005
     assert summary.within_15 >= 35 / 39 - 1e-9
-    assert summary.worst_abs_error <= 0.283 + 0.01
+    assert summary.worst_abs_error <= 0.270 + 0.01
 
 
 def test_row_text_fixes_2021_zero3():

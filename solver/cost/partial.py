@@ -11,7 +11,6 @@ slices of several lengths at once: :class:`SliceBatch`). The parallelizer
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 import numpy as np

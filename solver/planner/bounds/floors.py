@@ -15,8 +15,9 @@ pipeline's fill, the optimizer step) only adds time. The rates:
   width (tensor parallelism only narrows a GEMM, and the efficiency grows with every side),
   in-training fraction included, the fixed cost per kernel left out.
 * Attention: counted as Megatron counts it, the full score square. A fused kernel executes the
-  causal half at ``attention_eff`` of the 16-bit peak, so per counted FLOP it runs at
-  ``2 · attention_eff`` of peak, above the GEMM ceiling (1.16 on Hopper); an unfused core runs
+  causal half at ``attention_eff`` of the 16-bit peak at most (the cost model also derates it by
+  the in-training fraction, at most 1, which the floor leaves out), so per counted FLOP it runs
+  at ``2 · attention_eff`` of peak, above the GEMM ceiling (1.16 on Hopper); an unfused core runs
   the whole square at the calibration's ``unfused_attention_eff``, at most the upper end of
   its fitting range. Charging attention at the GEMM rate put the floor above real plans at
   long context (Llama 3 8B at 128k tokens on 128 H200: floor 5.18 s, plan 4.72 s).

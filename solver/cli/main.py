@@ -125,6 +125,10 @@ KERNEL_MODULES = ("solver.compose.kernels.group_kernel_jit", "solver.compose.ker
                   "solver.cost.stage_options")
 
 
+#: Seconds a file's modification time may trail ``time.time()`` taken before it was written.
+MTIME_SLACK_S = 2.0
+
+
 def _run_command(args: argparse.Namespace) -> int:
     """Run the subcommand; say on stderr when numba compiled kernels for it.
 
@@ -137,7 +141,9 @@ def _run_command(args: argparse.Namespace) -> int:
     start = time.time()
     with DelayedProgress(_describe(args), enabled=not getattr(args, "own_progress", False)):
         code = int(args.func(args) or 0)
-    fresh = _kernels_cached_since(start)
+    # File times come from the kernel's coarse clock (a tick, up to a second on some file
+    # systems, behind time.time()): a kernel compiled at once could look older than the start.
+    fresh = _kernels_cached_since(start - MTIME_SLACK_S)
     if fresh:
         print(f"note: this run compiled {fresh} numba kernels, so its times include their "
               "compilation (once after an install; later runs load them from numba's cache)",

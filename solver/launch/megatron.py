@@ -22,7 +22,9 @@ Flag names as Megatron-LM spells them (NVIDIA/Megatron-LM ``core_v0.14.0``,
   (``uniform``: the layers in chunks of ``--recompute-num-layers``, all recomputed with 1;
   ``block``: the first ``--recompute-num-layers`` layers of each pipeline stage);
   ``_add_distributed_args``: ``--use-distributed-optimizer``, ``--overlap-grad-reduce``,
-  ``--overlap-param-gather``; ``_add_mixed_precision_args``: ``--bf16`` / ``--fp16``;
+  ``--overlap-param-gather``, ``--use-megatron-fsdp``, ``--data-parallel-sharding-strategy``
+  (ZeRO-3: :func:`~solver.launch.meshes.optimizer_flags`); ``_add_checkpointing_args``:
+  ``--ckpt-format``; ``_add_mixed_precision_args``: ``--bf16`` / ``--fp16``;
   ``_add_transformer_engine_args``: ``--transformer-impl``, ``--fp8-format``,
   ``--fp8-recipe``; ``_add_data_args``: ``--seq-length``.
 
@@ -69,7 +71,8 @@ def megatron_args(plan: Plan) -> list[str]:
         "sequence_parallel": m.tp > 1, "tp_comm_overlap": m.tp > 1,
         "transformer_impl": "transformer_engine", "use_flash_attn": True,
         **layer_split_flags([x for mesh in ms for x in mesh.layers], plan.virtual_stages),
-        **optimizer_flags(plan), **recompute_flags(*recompute.pop(), plan.virtual_stages), **precision_flags(plan),
+        **optimizer_flags(plan, fsdp=True),
+        **recompute_flags(*recompute.pop(), plan.virtual_stages), **precision_flags(plan),
         **model_flags(plan, [m.tp]),
     }
     return to_argv(flags)
@@ -176,6 +179,9 @@ def megatron_launch(plan: Plan) -> str:
     if int(vocab.split()[1]) != job.model.vocab:
         head.append(f"# {vocab}: the model's {job.model.vocab} tokens padded to a multiple of "
                     "the TP degree (the vocab-parallel embedding splits rows evenly).")
+    if "--use-megatron-fsdp" in args:
+        head.append("# Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 "
+                    "(validate_args asserts it is not 1 with --use-megatron-fsdp).")
     head.append("# Add your data, tokenizer, optimizer and checkpoint arguments (--data-path, "
                 "--tokenizer-type, --train-iters, --lr, --save, ...).")
     cmd = (f"torchrun --nnodes {len(per_node)} --nproc-per-node {nproc} --node-rank "

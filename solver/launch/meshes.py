@@ -145,12 +145,27 @@ def state_type_flags(plan: Plan) -> dict[str, object]:
          if t.cross_entropy is CrossEntropyKernel.TE else {})
 
 
-def optimizer_flags(plan: Plan) -> dict[str, object]:
-    """Distributed optimizer (ZeRO-1) and the overlaps the cost model priced."""
+def optimizer_flags(plan: Plan, fsdp: bool = False) -> dict[str, object]:
+    """Distributed optimizer (ZeRO-1) and the overlaps the cost model priced; with ``fsdp``
+    (the Megatron-LM export), ZeRO-3 as Megatron-FSDP: ``--use-megatron-fsdp
+    --data-parallel-sharding-strategy optim_grads_params`` with the distributed optimizer that
+    steps its shards, ``--ckpt-format fsdp_dtensor``, which ``validate_args`` requires of
+    Megatron-FSDP (``megatron/training/arguments.py``, core_v0.14.0), and
+    ``--no-gradient-accumulation-fusion``, as its guide (``docs/source/api-guide/
+    custom_fsdp.md``) asks: ``validate_args`` only warns that the fused accumulation needs a
+    Transformer Engine built for FSDP."""
     zero = {s.plan.config.zero for s in plan.stages if s.plan.config.dp * s.plan.config.cp > 1}
-    if zero - {0, 1}:
+    if zero - {0, 1} and not (fsdp and zero == {3}):
         raise NotExpressible(f"ZeRO {sorted(zero)}: Megatron's optimizer shards optimizer "
-                             "states only (--use-distributed-optimizer, ZeRO-1)")
+                             "states only (--use-distributed-optimizer, ZeRO-1)"
+                             + ("; Megatron-FSDP (ZeRO-3) is reached by --emit megatron"
+                                if 3 in zero and not fsdp else ""))
+    if zero == {3}:
+        return {"use_megatron_fsdp": True,
+                "data_parallel_sharding_strategy": "optim_grads_params",
+                "ckpt_format": "fsdp_dtensor", "no_gradient_accumulation_fusion": True,
+                "use_distributed_optimizer": True,
+                "overlap_grad_reduce": True, "overlap_param_gather": True}
     # FP8 weights need the distributed optimizer even where no stage has replicas to shard over
     # (validate_args: "--fp8-param-gather only supported with distributed optimizer").
     dist = 1 in zero or plan.job.training.fp8_param_gather

@@ -97,13 +97,17 @@ def test_every_row_but_mla_evaluated_and_fits(summary):
 
 
 def test_summary_does_not_get_worse(summary):
-    """Pinned at the figures reached (median 6.2 %, 35 of 39 rows within ±15 %, worst row
-    27.0 %: Llama 3 70B on GB200), evaluated at the planner's default memory margin (ε = 0
+    """Pinned at the figures reached (median 7.0 %, 36 of 39 rows within ±15 %, worst row
+    23.0 %: GPT-OSS 120B on GB200), evaluated at the planner's default memory margin (ε = 0
     beside the named runtime reserves), with a small slack: a change that worsens the model on
-    the published runs fails here."""
-    assert summary.median_abs_error <= 0.062 + 0.005
-    assert summary.within_15 >= 35 / 39 - 1e-9
-    assert summary.worst_abs_error <= 0.270 + 0.01
+    the published runs fails here. The median was 6.2 % before Megatron-FSDP was priced as
+    Megatron-Core runs it (block recomputation instead of PyTorch FSDP's all-or-nothing): the
+    Llama 3 70B rows moved from 1.270 / 1.094 to 1.122 / 0.869, and GB300's in-training
+    fraction, refitted on its six rows, fell from 0.818 to 0.761 (GB300's 70B row ends at
+    0.929; 405B moves from 1.000 to 1.070, Qwen3 235B from 1.085 to 1.137)."""
+    assert summary.median_abs_error <= 0.070 + 0.005
+    assert summary.within_15 >= 36 / 39 - 1e-9
+    assert summary.worst_abs_error <= 0.230 + 0.01
 
 
 def test_row_text_fixes_2021_zero3():

@@ -166,3 +166,23 @@ def test_world_size_and_nodes_in_rank_order(a100):
         [f"a-{i}" for i in range(6)]
     assert "--nnodes 6 --nproc-per-node 8" in text and flags["pipeline_model_parallel_size"] \
         == "3"
+
+
+def test_zero3_exports_megatron_fsdp(a100):
+    # One stage of tp 8, dp 2 under ZeRO-3: Megatron-FSDP with its optimizer and the checkpoint
+    # format validate_args requires; the header warns against CUDA_DEVICE_MAX_CONNECTIONS=1.
+    fsdp = StageConfig(tp=8, dp=2, zero=3, micro_batch=1, recompute=Recompute.FULL,
+                       recompute_layers=5)
+    plan = _plan(a100, [40], fsdp)
+    f = _f(plan)
+    assert (f["use-megatron-fsdp"], f["data-parallel-sharding-strategy"], f["ckpt-format"]) == \
+        (True, "optim_grads_params", "fsdp_dtensor")
+    assert f["use-distributed-optimizer"] is True and f["overlap-param-gather"] is True
+    assert f["no-gradient-accumulation-fusion"] is True  # as Megatron-FSDP's guide asks
+    assert (f["recompute-method"], f["recompute-num-layers"]) == ("block", "5")
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" in megatron_launch(plan)
+    # ZeRO-1 stays the distributed optimizer alone; FlagScale's profile has no ZeRO-3.
+    z1 = _f(_plan(a100, [40], replace(fsdp, zero=1)))
+    assert "use-megatron-fsdp" not in z1 and z1["use-distributed-optimizer"] is True
+    with pytest.raises(NotExpressible, match="--emit megatron"):
+        flagscale_yaml(plan)

@@ -4,9 +4,11 @@ so the Megatron-LM export always works; exact over that family (checked by enume
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
+from solver.cli.main import main
 from solver.cost.parallelizer import AnalyticParallelizer
 from solver.cost.stage import ModelSlice
 from solver.cost.stage import substage_layers
@@ -87,7 +89,6 @@ def test_a_whole_cluster_plan_says_so_and_why(tmp_path, capsys):
     """The worked example under Megatron-Core runs best as one mesh over all 24 nodes at the
     A100's pace; the plan says that it treats the cluster as its weakest GPU, and why, and
     leaves no node idle."""
-    from solver.cli.main import main
     src = (INSTANCES / "jobs" / "seed-llama3-70b.toml").read_text()
     path = tmp_path / "seed-core.toml"
     path.write_text(src.replace("[planner]\n", '[planner]\nframework = "megatron-core"\n'))
@@ -98,3 +99,23 @@ def test_a_whole_cluster_plan_says_so_and_why(tmp_path, capsys):
     plan = plan_job(load_job(path))
     assert plan.view == "whole cluster" and not plan.idle
     assert plan.stages[0].island.gpu.name == "A100-SXM-80GB" and plan.stages[0].gpus == 192
+
+
+def test_megatron_fsdp_is_reached_exactly_and_exports(tmp_path, capsys):
+    """Two H100 nodes, 24 layers at 8,192 tokens: the best Megatron-Core plan shards the
+    weights and gradients (ZeRO-3, Megatron-FSDP), the one-mesh search finds the family's
+    optimum by enumeration, DP, CP-SAT and the MILP agree and prove it, and the export asks
+    Megatron-LM for Megatron-FSDP."""
+    path = write_job(tmp_path, ["H100-SXM-80GB"] * 2, layers=24, seq=8192, n=4)
+    # A day's limit: the solvers' proof never depends on the clock.
+    path.write_text(path.read_text() + 'framework = "megatron-core"\ntime_limit_s = 86400.0\n')
+    job = load_job(path)
+    plan = plan_job(job)
+    assert plan.stages[0].plan.config.zero == 3 and problems(plan, job) == []
+    assert plan.iteration_time_s == pytest.approx(_family_optimum(job), rel=1e-12)
+    args = megatron_args(plan)
+    assert "--use-megatron-fsdp" in args and "--ckpt-format fsdp_dtensor" in args
+    assert main(["verify", str(path), "--json"]) == 0
+    solvers = json.loads(capsys.readouterr().out)["solvers"]
+    assert solvers["verdict"] == "agree" and all(x["proven"] for x in solvers["status"].values())
+    assert solvers["dp"] == pytest.approx(plan.iteration_time_s, abs=1e-8)  # JSON: 8 decimals

@@ -134,7 +134,9 @@ def precision_of(name: str) -> Precision:
 
 
 def framework_of(row: RunRow, config: StageConfig) -> tuple[Framework, str]:
-    """The framework profile that prices the row, and a note when it is not the row's own."""
+    """The framework profile that prices the row, and a note when it is not the row's own: a
+    Megatron-FSDP layout that Megatron-Core's profile does not reach (with pipeline stages)
+    is priced with PyTorch FSDP's."""
     fw = Framework(row.framework)
     if fw is Framework.MEGATRON_CORE and row.zero == 3 and violations(
             [config], profile(fw), row.pp > 1):
@@ -266,6 +268,8 @@ def evaluate_row(row: RunRow, catalog: dict[str, GPUSpec], epsilon: float = 0.0,
         chosen.append("unfused attention (2021)")
     if calib.zero3_list_collectives and row.zero == 3:
         chosen.append("list collectives (2021)")
+    if tries[0].framework is Framework.MEGATRON_CORE and row.zero == 3:
+        chosen.append("Megatron-FSDP")
     if tries[0].grad_reduce_bf16:
         chosen.append("bf16 gradients")
     if tries[0].fp8_param_gather:

@@ -18,6 +18,16 @@ it. Sources (read in the projects' own code, versions named):
   or produce them. One layout (tp, cp, ep, dp) for every pipeline stage; uneven first/last stages
   (``--decoder-first/last-pipeline-num-layers``); the interleaved schedule needs pp > 1 and
   ``n_micro % pp == 0`` (the default ``--microbatch-group-size-per-virtual-pipeline-stage``).
+  ZeRO-3 is Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy
+  optim_grads_params``, ``_add_distributed_args``; ``validate_args`` requires ``--ckpt-format
+  fsdp_dtensor`` and refuses ``CUDA_DEVICE_MAX_CONNECTIONS=1``): one FSDP unit per
+  ``TransformerLayer`` (``FullyShardedDataParallel.__init__`` in
+  ``megatron/core/distributed/fsdp/mcore_fsdp_adapter.py``), each gathered before its forward
+  and backward, and its gradients reduce-scattered after every backward, not once per
+  iteration (``grad_reduce_every_bprop`` for ``optim_grads_params`` in ``MegatronFSDP``'s
+  post-backward hook, ``megatron_fsdp.py``): the cost model's per-layer ZeRO-3. The planner
+  reaches it for single-stage plans only: the sources read here (Megatron-Bridge's FSDP
+  recipes, Megatron-LM's FSDP functional tests) run it without pipeline parallelism.
 * **FlagScale** (FlagOpen/FlagScale at da4935e, 2025-11-13, built on Megatron-LM pinned at
   8479eb3 = Megatron-Core 0.15.0rc5): heterogeneous training (``hetero_process_meshes``) gives
   every mesh its own [tp, cp, ep, dp, pp] and device type, with Megatron-Core's kernels and
@@ -78,10 +88,11 @@ PROFILES = MappingProxyType({
         Framework.FLAGSCALE, recompute=(Recompute.NONE, Recompute.FULL), uniform_recompute=False,
         cp=True, uniform_layout=False, interleaving=False, cp_across_meshes=False,
         recompute_layers=True, expert_grid=True, **_MEGATRON),
+    # ZeRO-3 is Megatron-FSDP (module docstring); reached here for a single pipeline stage.
     Framework.MEGATRON_CORE: FrameworkProfile(
         Framework.MEGATRON_CORE, recompute=_ALL_RC, uniform_recompute=True, cp=True,
         uniform_layout=True, interleaving=True, recompute_layers=True, expert_grid=True,
-        **_MEGATRON),
+        **(_MEGATRON | {"zero_single": (0, 1, 3)})),
     Framework.MEGATRON_2021: FrameworkProfile(
         Framework.MEGATRON_2021, zero_pipelined=(0,), zero_single=(0,), uniform_zero=True,
         recompute=_ALL_RC, uniform_recompute=True, offload=False, cp=False, ep=False,
@@ -181,19 +192,20 @@ def zero_choices(prof: FrameworkProfile, pipelined: bool,
                  allowed: tuple[int, ...] = (0, 1, 2, 3)) -> tuple[int, ...]:
     """ZeRO stages the planner enumerates for a stage under ``prof``.
 
-    Provably safe: where the profile sets one ZeRO stage for the whole job and allows exactly
-    ZeRO-0 and ZeRO-1 (Megatron's ``--use-distributed-optimizer`` is one flag), only ZeRO-1 is
-    enumerated. In this cost model ZeRO-1 weakly dominates ZeRO-0 term by term — the same
-    per-micro-batch time, a reduce-scatter of the gradients plus an all-gather of the 16-bit
-    weights (6 bytes per parameter) instead of an all-reduce of the gradients (8), an optimizer
-    step over ``1/dp`` of the parameters, and less memory — so the best all-ZeRO-1 plan is never
-    worse than the best all-ZeRO-0 plan (``tests/cost/test_frameworks.py`` checks the dominance).
+    Provably safe: where the profile sets one ZeRO stage for the whole job and allows ZeRO-0
+    and ZeRO-1 (Megatron's ``--use-distributed-optimizer`` is one flag), and besides them at
+    most ZeRO-3 (Megatron-FSDP, a separate flag), ZeRO-0 is not enumerated. In this cost
+    model ZeRO-1 weakly dominates ZeRO-0 term by term — the same per-micro-batch time, a
+    reduce-scatter of the gradients plus an all-gather of the 16-bit weights (6 bytes per
+    parameter) instead of an all-reduce of the gradients (8), an optimizer step over ``1/dp``
+    of the parameters, and less memory — so the best all-ZeRO-1 plan is never worse than the
+    best all-ZeRO-0 plan (``tests/cost/test_frameworks.py`` checks the dominance).
     Stages without replicas (``dp·cp = 1``) are ZeRO-0 whatever the flag. ``allowed``: the ZeRO
     stages the job's features allow (met first).
     """
     stages = tuple(z for z in prof.zero_stages(pipelined) if z in allowed)
-    if prof.uniform_zero and set(stages) == {0, 1}:
-        return (1,)
+    if prof.uniform_zero and {0, 1} <= set(stages) <= {0, 1, 3}:
+        return tuple(z for z in stages if z != 0)
     return stages
 
 

@@ -18,6 +18,7 @@ Flag names as Megatron-LM spells them (NVIDIA/Megatron-LM ``core_v0.14.0``,
   with the first/last flags).
 * ``_add_training_args``: ``--micro-batch-size``, ``--global-batch-size``,
   ``--sequence-parallel``, ``--tp-comm-overlap``, ``--use-flash-attn``,
+  ``--no-gradient-accumulation-fusion`` (with Megatron-FSDP),
   ``--recompute-granularity`` (``full`` | ``selective``), ``--recompute-method``
   (``uniform``: the layers in chunks of ``--recompute-num-layers``, all recomputed with 1;
   ``block``: the first ``--recompute-num-layers`` layers of each pipeline stage);

@@ -78,3 +78,19 @@ def test_block_recomputation_runs_with_megatron_fsdp():
                     recompute_layers=4)
     assert violations([c], profile(Framework.MEGATRON_CORE), False) == []
     assert violations([c], profile(Framework.FSDP), False) != []
+
+
+def test_estimate_names_megatron_fsdp_and_refuses_it_with_a_pipeline(tmp_path, capsys):
+    from solver.cli.main import main
+    src = (INSTANCES / "estimate" / "llama3-70b-h100.toml").read_text()
+    one = src.replace("zero = 1", "zero = 3").replace("pp = 4", "pp = 1").replace(
+        "dp = 2", "dp = 8").replace('schedule = "interleaved"', "").replace(
+        "virtual_stages = 5", "")
+    (tmp_path / "one.toml").write_text(one)
+    assert main(["estimate", str(tmp_path / "one.toml")]) == 0
+    assert "framework megatron-core (ZeRO-3 as Megatron-FSDP)" in capsys.readouterr().out
+    (tmp_path / "piped.toml").write_text(src.replace("zero = 1", "zero = 3"))
+    assert main(["estimate", str(tmp_path / "piped.toml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.endswith("megatron-core runs ZeRO [0, 1] with pipelining, "
+                                            "not ZeRO-3")

@@ -181,6 +181,7 @@ def test_zero3_exports_megatron_fsdp(a100):
     assert f["no-gradient-accumulation-fusion"] is True  # as Megatron-FSDP's guide asks
     assert (f["recompute-method"], f["recompute-num-layers"]) == ("block", "5")
     assert "CUDA_DEVICE_MAX_CONNECTIONS" in megatron_launch(plan)
+    assert megatron_read(megatron_launch(plan)) == plan_truth(plan)
     # ZeRO-1 stays the distributed optimizer alone; FlagScale's profile has no ZeRO-3.
     z1 = _f(_plan(a100, [40], replace(fsdp, zero=1)))
     assert "use-megatron-fsdp" not in z1 and z1["use-distributed-optimizer"] is True

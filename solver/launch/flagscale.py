@@ -48,7 +48,7 @@ from solver.launch.meshes import (Mesh, NotExpressible, meshes, micro_batch_size
                                   optimizer_flags, precision_flags, slots, vendor_check)
 from solver.launch.yaml_out import dump
 from solver.planner.plan import Plan
-from solver.spec.domain import Recompute
+from solver.spec.domain import Framework, Recompute
 
 __all__ = ["device_labels", "flagscale_config", "flagscale_hostfile", "flagscale_yaml",
            "flagscale_experiment", "MISSING"]
@@ -71,7 +71,7 @@ def flagscale_config(plan: Plan) -> dict[str, Any]:
         "sequence_parallel": any(m.tp > 1 for m in ms),
         "use_flash_attn": True, "transformer_impl": "transformer_engine",
         "use_mcore_models": True,
-        **optimizer_flags(plan),
+        **optimizer_flags(plan, Framework.FLAGSCALE),
         "precision": precision_flags(plan),
     }
     if plan.job.model.is_moe and not hetero:  # the expert grid (Megatron-Core parallel_state)
@@ -193,7 +193,7 @@ def _check(plan: Plan, ms: list[Mesh], hetero: bool) -> None:
         raise NotExpressible(f"a tied embedding needs the first and last meshes to share tp "
                              f"({a.tp} vs {b.tp}; pre_validate_args)")
     if plan.job.model.tied_embeddings and a.dp % b.dp and b.dp % a.dp and \
-            optimizer_flags(plan)["use_distributed_optimizer"]:
+            optimizer_flags(plan, Framework.FLAGSCALE)["use_distributed_optimizer"]:
         raise NotExpressible(f"a tied embedding under the distributed optimizer needs the "
                              f"first and last meshes' dp to divide one another ({a.dp} vs "
                              f"{b.dp}; pre_validate_args)")

@@ -40,7 +40,7 @@ import shlex
 from solver.launch.meshes import (Mesh, NotExpressible, meshes, micro_batch_size, model_flags,
                                   optimizer_flags, precision_flags, slots, vendor_check)
 from solver.planner.plan import Plan
-from solver.spec.domain import Recompute
+from solver.spec.domain import Framework, Recompute
 
 __all__ = ["megatron_args", "megatron_launch", "layer_split_flags", "recompute_flags",
            "pipeline_layout", "to_argv"]
@@ -72,7 +72,7 @@ def megatron_args(plan: Plan) -> list[str]:
         "sequence_parallel": m.tp > 1, "tp_comm_overlap": m.tp > 1,
         "transformer_impl": "transformer_engine", "use_flash_attn": True,
         **layer_split_flags([x for mesh in ms for x in mesh.layers], plan.virtual_stages),
-        **optimizer_flags(plan, fsdp=True),
+        **optimizer_flags(plan, Framework.MEGATRON_CORE),
         **recompute_flags(*recompute.pop(), plan.virtual_stages), **precision_flags(plan),
         **model_flags(plan, [m.tp]),
     }

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from solver.cost.runtime.frameworks import profile
 from solver.cost.runtime.runtime_rules import vendor_problem
 from solver.cost.stage import substage_layers
 from solver.launch.errors import NotExpressible
 from solver.launch.model_flags import model_flags
 from solver.planner.plan import Plan
-from solver.spec.domain import CrossEntropyKernel, Node, Precision, Recompute
+from solver.spec.domain import CrossEntropyKernel, Framework, Node, Precision, Recompute
 
 __all__ = ["Mesh", "NotExpressible", "meshes", "micro_batch_size", "model_flags",
            "nodes_in_rank_order", "optimizer_flags", "precision_flags", "slots", "vendor_check"]
@@ -145,21 +146,25 @@ def state_type_flags(plan: Plan) -> dict[str, object]:
          if t.cross_entropy is CrossEntropyKernel.TE else {})
 
 
-def optimizer_flags(plan: Plan, fsdp: bool = False) -> dict[str, object]:
-    """Distributed optimizer (ZeRO-1) and the overlaps the cost model priced; with ``fsdp``
-    (the Megatron-LM export), ZeRO-3 as Megatron-FSDP: ``--use-megatron-fsdp
-    --data-parallel-sharding-strategy optim_grads_params`` with the distributed optimizer that
-    steps its shards, ``--ckpt-format fsdp_dtensor``, which ``validate_args`` requires of
-    Megatron-FSDP (``megatron/training/arguments.py``, core_v0.14.0), and
-    ``--no-gradient-accumulation-fusion``, as its guide (``docs/source/api-guide/
-    custom_fsdp.md``) asks: ``validate_args`` only warns that the fused accumulation needs a
-    Transformer Engine built for FSDP."""
+def optimizer_flags(plan: Plan, framework: Framework) -> dict[str, object]:
+    """Distributed optimizer (ZeRO-1) and the overlaps the cost model priced; ZeRO-3 where
+    ``framework``'s profile runs it at the plan's pipelining (the rule the search reads,
+    :meth:`~solver.cost.runtime.profile.FrameworkProfile.zero_stages`): Megatron-FSDP,
+    ``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params`` with the
+    distributed optimizer that steps its shards, ``--ckpt-format fsdp_dtensor``, which
+    ``validate_args`` requires of Megatron-FSDP (``megatron/training/arguments.py``,
+    core_v0.14.0), and ``--no-gradient-accumulation-fusion``, as its guide (``docs/source/
+    api-guide/custom_fsdp.md``) asks: ``validate_args`` only warns that the fused accumulation
+    needs a Transformer Engine built for FSDP."""
     zero = {s.plan.config.zero for s in plan.stages if s.plan.config.dp * s.plan.config.cp > 1}
+    pipelined = sum(s.plan.config.pp for s in plan.stages) > 1
+    fsdp = 3 in profile(framework).zero_stages(pipelined)
     if zero - {0, 1} and not (fsdp and zero == {3}):
+        core = 3 in profile(Framework.MEGATRON_CORE).zero_stages(pipelined)
         raise NotExpressible(f"ZeRO {sorted(zero)}: Megatron's optimizer shards optimizer "
                              "states only (--use-distributed-optimizer, ZeRO-1)"
                              + ("; Megatron-FSDP (ZeRO-3) is reached by --emit megatron"
-                                if 3 in zero and not fsdp else ""))
+                                if 3 in zero and core and not fsdp else ""))
     if zero == {3}:
         return {"use_megatron_fsdp": True,
                 "data_parallel_sharding_strategy": "optim_grads_params",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from solver.cli.main import main
 from solver.cost.estimating.estimate import EstimateSetup, estimate
 from solver.cost.runtime.frameworks import profile, violations, zero_choices
 from solver.cost.stage import StageConfig
@@ -81,7 +82,6 @@ def test_block_recomputation_runs_with_megatron_fsdp():
 
 
 def test_estimate_names_megatron_fsdp_and_refuses_it_with_a_pipeline(tmp_path, capsys):
-    from solver.cli.main import main
     src = (INSTANCES / "estimate" / "llama3-70b-h100.toml").read_text()
     one = src.replace("zero = 1", "zero = 3").replace("pp = 4", "pp = 1").replace(
         "dp = 2", "dp = 8").replace('schedule = "interleaved"', "").replace(

@@ -205,7 +205,7 @@ def test_verify_says_what_a_stopped_solver_proved():
 
 def test_bench_says_what_a_stopped_solver_proved():
     from solver.cli.commands.bench import solver_cell
-    from solver.studies.bench import SolverRun, SolverStatus
+    from solver.studies.bench_rows import SolverRun, SolverStatus
     bare = solver_cell(SolverRun("cpsat", SolverStatus.LIMIT, 2.5, 10.0))
     assert "?" not in bare and "no bound proven" in bare
     assert "bound 2.400000, gap 4.00%" in solver_cell(

@@ -121,7 +121,7 @@ def test_searched_n_micro_reports_every_call(tmp_path):
 def test_bench_agree_column_says_not_proven_for_a_limit_hit():
     from types import SimpleNamespace as NS
     from solver.cli.commands.bench import _agree_cell
-    from solver.studies.bench import SolverStatus
+    from solver.studies.bench_rows import SolverStatus
 
     def run(value, status):
         return NS(objective_s=value, status=status)

@@ -37,8 +37,20 @@ def plan_truth(plan: Plan) -> dict:
         for layers in substage_layers(s.end - s.start, c.pp):
             rows.append((int(layers), c.tp, c.cp, c.ep, c.dp, c.micro_batch, c.recompute.value,
                          k, c.etp))
+    zero = {s.plan.config.zero for s in plan.stages if s.plan.config.dp * s.plan.config.cp > 1}
     return {"stages": rows, "v": plan.virtual_stages, "n_micro": plan.n_micro,
-            "global_batch": plan.job.training.global_batch}
+            "global_batch": plan.job.training.global_batch, "zero": tuple(sorted(zero))}
+
+
+def zero_read(args: dict, rows: list[Row]) -> tuple[int, ...]:
+    """The ZeRO stage a launch's optimizer arguments run (Megatron-LM's names: Megatron-FSDP's
+    ``use_megatron_fsdp``, else the distributed optimizer's ZeRO-1, else plain data parallel),
+    for the stages with replicas to shard over (none: ``()``)."""
+    if not any(r[2] * r[4] > 1 for r in rows):
+        return ()
+    if args.get("use_megatron_fsdp"):
+        return (3,)
+    return (1,) if args.get("use_distributed_optimizer") else (0,)
 
 
 def megatron_flags(text: str) -> tuple[dict[str, str | bool], list[int]]:
@@ -109,17 +121,19 @@ def megatron_read(text: str) -> dict:
         rc, k = gran or "none", None
     etp = i("expert_tensor_parallel_size", tp)  # argparse default None: tp (validate_args)
     rows = [(n, tp, cp, ep, dp, mbs, rc, k, etp) for n in split]
-    return {"stages": rows, "v": v, "n_micro": gb // (mbs * dp), "global_batch": gb}
+    return {"stages": rows, "v": v, "n_micro": gb // (mbs * dp), "global_batch": gb,
+            "zero": zero_read(flags, rows)}
 
 
 def flagscale_read(doc: dict, hostfile: str) -> dict:
     """What a FlagScale config runs, in :func:`plan_truth`'s form."""
+    from solver.launch.flagscale_check import args_of
     from solver.launch.flagscale_read import read_back
     rb = read_back(doc, hostfile)
     rows = [(s.layers, s.tp, s.cp, s.ep, s.dp, s.micro_batch, s.recompute, s.recompute_layers,
              s.expert_tp or s.tp) for s in rb.stages]
     return {"stages": rows, "v": rb.virtual_stages, "n_micro": rb.n_micro,
-            "global_batch": rb.global_batch}
+            "global_batch": rb.global_batch, "zero": zero_read(args_of(doc), rows)}
 
 
 def build_plan(job, stages, n_micro: int, v: int = 1) -> Plan:

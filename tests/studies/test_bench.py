@@ -16,15 +16,13 @@ from solver.spec.domain import SolverKind
 from solver.spec.loaders import load_job
 from solver.studies.bench import (
     BenchOptions,
-    SolverRun,
-    SolverStatus,
     _solver_run,
     agreement,
     bench_job,
-    row_json,
     suite_paths,
     unpruned_calls,
 )
+from solver.studies.bench_rows import SolverRun, SolverStatus, row_json
 
 TINY_MODEL = ('model = { name = "tiny-8l", layers = 8, hidden = 2048, ffn = 5504, heads = 16, '
               'kv_heads = 16, vocab = 32000 }\n')

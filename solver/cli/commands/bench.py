@@ -14,15 +14,8 @@ import sys
 from solver.cli.report import emit_json, render_table
 from solver.spec.domain import SolverKind
 from solver.spec.errors import InputError
-from solver.studies.bench import (
-    BenchOptions,
-    BenchRow,
-    SolverRun,
-    SolverStatus,
-    bench_job,
-    row_json,
-    suite_paths,
-)
+from solver.studies.bench import BenchOptions, bench_job, suite_paths
+from solver.studies.bench_rows import BenchRow, SolverRun, SolverStatus, row_json
 
 INTERRUPTED = 130
 _ALLOWED = tuple(s for s in SolverKind if s is not SolverKind.BRUTE)

@@ -7,6 +7,7 @@ ratio are in ``/work/notes`` / the README's cost-model section).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -17,6 +18,7 @@ from solver.cost.fidelity.__main__ import main
 from solver.cost.fidelity.evaluate import (calibration_of, framework_of, model_of, refusal,
                                            setups)
 from solver.cost.efficiency import AttentionKernel
+from solver.cost.estimating.estimate import Breakdown
 from solver.cost.stage import StageConfig
 from solver.spec.domain import CrossEntropyKernel, Framework
 from solver.spec.loaders import load_catalog
@@ -84,8 +86,41 @@ def test_shared_experts_from_width():
 
 
 @pytest.fixture(scope="module")
-def summary():
-    return summarize([evaluate_row(r, CATALOG) for r in load_rows()])
+def results():
+    return [evaluate_row(r, CATALOG) for r in load_rows()]
+
+
+@pytest.fixture(scope="module")
+def summary(results):
+    return summarize(results)
+
+
+def test_breakdown_sums_to_the_prediction(results):
+    """Each evaluated row's seconds by cause are the estimate's own and add up to its predicted
+    time; a refused row has none."""
+    names = [f.name for f in dataclasses.fields(Breakdown)]
+    for r in results:
+        if r.refused:
+            assert r.breakdown == () and r.missed_s is None
+            continue
+        assert [k for k, _ in r.breakdown] == names
+        assert sum(v for _, v in r.breakdown) == pytest.approx(r.predicted_s, rel=1e-12)
+        assert r.missed_s == pytest.approx(r.measured_s - r.predicted_s)
+
+
+def test_breakdown_by_hand(results):
+    """What a reader sees from the layouts alone: the 1.7B H100 row has no TP group, no
+    pipeline and no experts, so no TP, CP, EP or bubble time; GPT-OSS at TP 1, EP 64 has
+    all-to-all time and no TP time; ZeRO-3 without model parallelism (SC'21) has data-parallel
+    time and no TP time."""
+    by = {r.id: dict(r.breakdown) for r in results if r.breakdown}
+    small = by["mcore-h100-1.7B"]
+    assert small["tp_comm"] == small["cp_comm"] == small["ep_comm"] == small["pp_bubble"] == 0
+    assert small["compute"] > 0
+    oss = by["bridge-gb200-gptoss-120b-bf16"]
+    assert oss["ep_comm"] > 0 and oss["tp_comm"] == 0
+    zero3 = by["sc21-zero3-96L-384"]
+    assert zero3["dp_comm"] > 0 and zero3["tp_comm"] == 0
 
 
 def test_every_row_but_mla_evaluated_and_fits(summary):
@@ -163,6 +198,26 @@ def test_cli_json(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"rows", "summary"}
     assert len(out["rows"]) == 3 and out["summary"]["evaluated"] == 3
+
+
+def test_cli_breakdown(tmp_path, capsys):
+    """``--breakdown`` prints each row's seconds by cause and ``missed``: on every row line the
+    nine causes and the miss add up to the measured time (to the printed rounding); ``--json``
+    carries the same numbers under ``breakdown``."""
+    lines = DEV_SET.read_text().splitlines(keepends=True)
+    small = tmp_path / "three.csv"
+    small.write_text("".join(lines[:4]))
+    assert main(["--csv", str(small), "--breakdown"]) == 0
+    out = capsys.readouterr().out
+    table = out.split("missed\n", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    measured = {r.id: r.measured_iteration_s() for r in load_rows(small)}
+    assert len(table) == 3
+    for line in table:
+        name, *numbers = line.split()
+        assert sum(map(float, numbers)) == pytest.approx(measured[name], abs=0.0006 * 10)
+    assert main(["--csv", str(small), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert all(sum(r["breakdown"].values()) == pytest.approx(r["predicted_s"]) for r in rows)
 
 
 def test_cli_bad_file_is_one_line(tmp_path, capsys):

@@ -30,6 +30,24 @@ def _table(results: list[RowResult]) -> list[str]:
     return lines
 
 
+#: Column heads of ``--breakdown``, one per :class:`~solver.cost.estimating.estimate.Breakdown`
+#: field in its order.
+BREAKDOWN_HEADS = ("compute", "recomp", "tp", "cp", "ep", "bubble", "dp", "optim", "offload")
+
+
+def _breakdown(results: list[RowResult]) -> list[str]:
+    """Predicted seconds per iteration by cause for every evaluated row, and ``missed``:
+    measured minus predicted (what the run spent that the model does not charge)."""
+    head = (f"{'id':38} " + " ".join(f"{h:>8}" for h in BREAKDOWN_HEADS)
+            + f" {'missed':>8}")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        if r.breakdown:
+            lines.append(f"{r.id:38} " + " ".join(f"{v:8.3f}" for _, v in r.breakdown)
+                         + f" {r.missed_s:8.3f}")
+    return lines
+
+
 def _summary(s: Summary) -> list[str]:
     lines = [f"rows {s.rows}, evaluated {s.evaluated}, refused {len(s.refused)}",
              f"median |error| {100 * s.median_abs_error:.1f}%, within ±15% "
@@ -48,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epsilon", type=float, default=PlannerOptions().epsilon,
                     help="memory held back beyond the runtime's named reserves, as the "
                          "planner's [planner] epsilon (default: its default)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also print each row's predicted seconds by cause and what the model "
+                         "misses (measured minus predicted)")
     args = ap.parse_args(argv)
     try:
         catalog = load_catalog()
@@ -61,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
                   sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write("\n".join(_table(results) + [""] + _summary(summary)) + "\n")
+        extra = [""] + _breakdown(results) if args.breakdown else []
+        sys.stdout.write("\n".join(_table(results) + extra + [""] + _summary(summary)) + "\n")
     return 0
 
 

@@ -50,6 +50,11 @@ class RowResult:
         Framework, precision and the choices made for unstated settings.
     refused : str
         Why the row is not evaluated ("" when it is).
+    breakdown : tuple[tuple[str, float], ...]
+        The predicted seconds per iteration by cause, in
+        :class:`~solver.cost.estimating.estimate.Breakdown`'s order (compute, recompute, TP, CP,
+        EP, pipeline bubble, data parallel, optimizer, offload); they sum to ``predicted_s``.
+        Empty when refused.
     """
 
     id: str
@@ -59,15 +64,25 @@ class RowResult:
     fits: bool | None = None
     priced_as: str = ""
     refused: str = ""
+    breakdown: tuple[tuple[str, float], ...] = ()
 
     @property
     def ratio(self) -> float | None:
         """Predicted over measured time (None: refused)."""
         return None if self.predicted_s is None else self.predicted_s / self.measured_s
 
+    @property
+    def missed_s(self) -> float | None:
+        """Measured minus predicted seconds: what the runtime spent that the model does not
+        (negative: the model charges more than the run took; None: refused)."""
+        return None if self.predicted_s is None else self.measured_s - self.predicted_s
+
     def to_json(self) -> dict:
-        """Public ``--json`` object of the row."""
-        return {**dataclasses.asdict(self), "ratio": self.ratio}
+        """Public ``--json`` object of the row (``breakdown``: seconds by cause, null when
+        refused)."""
+        out = {**dataclasses.asdict(self), "ratio": self.ratio}
+        out["breakdown"] = dict(self.breakdown) if self.breakdown else None
+        return out
 
 
 @dataclass(frozen=True)
@@ -277,7 +292,8 @@ def evaluate_row(row: RunRow, catalog: dict[str, GPUSpec], epsilon: float = 0.0,
     if tries[0].cross_entropy is CrossEntropyKernel.TE:
         chosen.append("TE cross entropy")
     priced = ", ".join(chosen + ([note] if note else []))
-    return RowResult(row.id, measured, est.iteration_time_s, est.memory.total, est.fits, priced)
+    return RowResult(row.id, measured, est.iteration_time_s, est.memory.total, est.fits, priced,
+                     breakdown=tuple(dataclasses.asdict(est.breakdown).items()))
 
 
 def summarize(results: list[RowResult]) -> Summary:

@@ -9,7 +9,7 @@ from solver.cli.report import emit_json
 from solver.cost.estimating.estimate import Estimate, EstimateSetup, estimate
 from solver.cost.estimating.estimate_config import load_estimate_setup
 from solver.cost.reserve import device_bytes, usable_bytes
-from solver.spec.domain import Framework
+from solver.cost.runtime.frameworks import megatron_fsdp
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,8 +47,7 @@ def _lines(setup: EstimateSetup, e: Estimate) -> list[str]:
         f"parallel: tp {c.tp}, pp {c.pp}, dp {c.dp}, cp {c.cp}, ep {c.ep}, zero {c.zero}, "
         f"recompute {c.recompute.value}, offload {'yes' if c.offload else 'no'}, schedule {sched}",
         f"framework {setup.framework.value}"
-        + (" (ZeRO-3 as Megatron-FSDP)" if setup.framework is Framework.MEGATRON_CORE
-           and c.zero == 3 and c.dp * c.cp > 1 else "")
+        + (" (ZeRO-3 as Megatron-FSDP)" if megatron_fsdp(setup.framework, c) else "")
         + f", precision {setup.precision.value} (GEMMs in {gemm} on {isl.gpu.name})",
         f"micro-batch {c.micro_batch} sequences per replica, {e.n_micro} micro-batches per iteration"
         + (" (chosen: fastest that fits)" if setup.auto_micro_batch else ""),

@@ -30,15 +30,17 @@ def _table(results: list[RowResult]) -> list[str]:
     return lines
 
 
-#: Column heads of ``--breakdown``, one per :class:`~solver.cost.estimating.estimate.Breakdown`
-#: field in its order.
-BREAKDOWN_HEADS = ("compute", "recomp", "tp", "cp", "ep", "bubble", "dp", "optim", "offload")
+#: Short column heads of ``--breakdown`` for :class:`~solver.cost.estimating.estimate.Breakdown`'s
+#: fields (a field without one is headed by its name).
+BREAKDOWN_HEADS = {"recompute": "recomp", "tp_comm": "tp", "cp_comm": "cp", "ep_comm": "ep",
+                   "pp_bubble": "bubble", "dp_comm": "dp", "optimizer": "optim"}
 
 
 def _breakdown(results: list[RowResult]) -> list[str]:
     """Predicted seconds per iteration by cause for every evaluated row, and ``missed``:
     measured minus predicted (what the run spent that the model does not charge)."""
-    head = (f"{'id':38} " + " ".join(f"{h:>8}" for h in BREAKDOWN_HEADS)
+    names = next((r.breakdown for r in results if r.breakdown), ())
+    head = (f"{'id':38} " + " ".join(f"{BREAKDOWN_HEADS.get(k, k):>8}" for k, _ in names)
             + f" {'missed':>8}")
     lines = [head, "-" * len(head)]
     for r in results:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from solver.cost.efficiency import DEFAULT_CALIBRATION, AttentionKernel, Calibration
 from solver.cost.estimating.estimate import Estimate, EstimateSetup, estimate
 from solver.cost.fidelity.rows import RunRow
-from solver.cost.runtime.frameworks import profile, violations
+from solver.cost.runtime.frameworks import megatron_fsdp, profile, violations
 from solver.cost.stage import StageConfig
 from solver.spec.domain import (CrossEntropyKernel, Framework, GPUSpec, Island, ModelSpec,
                                 Precision, Recompute, Schedule)
@@ -283,7 +283,7 @@ def evaluate_row(row: RunRow, catalog: dict[str, GPUSpec], epsilon: float = 0.0,
         chosen.append("unfused attention (2021)")
     if calib.zero3_list_collectives and row.zero == 3:
         chosen.append("list collectives (2021)")
-    if tries[0].framework is Framework.MEGATRON_CORE and row.zero == 3:
+    if megatron_fsdp(tries[0].framework, est.config):
         chosen.append("Megatron-FSDP")
     if tries[0].grad_reduce_bf16:
         chosen.append("bf16 gradients")

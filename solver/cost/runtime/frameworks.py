@@ -70,7 +70,7 @@ from solver.cost.runtime.runtime_rules import (cp_allowed, expert_parallel_sizes
                                                tp_allowed, vendor_problem)
 from solver.spec.domain import CrossEntropyKernel, Framework, Precision, Recompute
 
-__all__ = ["PROFILES", "FrameworkProfile", "Runtime", "cp_allowed", "expert_parallel_sizes",
+__all__ = ["PROFILES", "FrameworkProfile", "Runtime", "cp_allowed", "megatron_fsdp", "expert_parallel_sizes",
            "interleaving_allowed", "job_runtime", "loss_kernel_problem", "megatron_interleaves",
            "mixed_kinds_note", "precision_problem", "profile", "shared_embedding_problems",
            "tp_allowed", "vendor_problem", "violations", "zero_choices"]
@@ -186,6 +186,13 @@ def job_runtime(job) -> Runtime:
 def profile(framework: Framework) -> FrameworkProfile:
     """The profile of ``framework``."""
     return PROFILES[framework]
+
+
+def megatron_fsdp(framework: Framework, config) -> bool:
+    """Whether ``config`` (a :class:`~solver.cost.stage.StageConfig`) runs as Megatron-FSDP:
+    ZeRO-3 under Megatron-Core, with replicas to shard over (module docstring)."""
+    return (framework is Framework.MEGATRON_CORE and config.zero == 3
+            and config.dp * config.cp > 1)
 
 
 def zero_choices(prof: FrameworkProfile, pipelined: bool,

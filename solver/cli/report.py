@@ -176,8 +176,10 @@ def stage_rows(plan) -> list[dict]:
     moe = plan.job.model.is_moe
     for s in plan.stages:
         c = s.plan.config
-        # MoE plans also show the expert tensor-parallel degree (the expert grid etp x ep).
-        experts = {"ep": c.ep, "etp": c.etp} if moe else {"ep": c.ep}
+        # MoE plans also show the expert tensor-parallel degree (the expert grid etp x ep) and
+        # whether the all-to-alls overlap (--overlap-moe-expert-parallel-comm).
+        experts = ({"ep": c.ep, "etp": c.etp, "a2a ovl": "yes" if c.a2a_overlap else "no"}
+                   if moe else {"ep": c.ep})
         rows.append({"island": s.island.name, "gpu": s.island.gpu.name,
                      "nodes": compact_ids(s.node_ids), "gpus": s.gpus,
                      "layers": f"[{s.start}, {s.end})", "tp": c.tp, "cp": c.cp, **experts,

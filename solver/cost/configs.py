@@ -4,12 +4,13 @@ user's constraints (:mod:`solver.cost.parallelizer` prices them)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
-from solver.cost.runtime.frameworks import (cp_allowed, expert_parallel_sizes, megatron_interleaves,
+from solver.cost.runtime.frameworks import (a2a_overlap_problem, cp_allowed, expert_parallel_sizes, megatron_interleaves,
                                     profile, tp_allowed, zero_choices)
 from solver.cost.partial import PlanContext
 from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, ModelSlice
@@ -185,9 +186,32 @@ def enumerate_configs(slc: ModelSlice, island: Island, ctx: PlanContext, feats: 
     if ctx.constraints is not None:
         keep &= _constrained(ctx.constraints, b, zero, g, ctx.micro_batch // np.maximum(dp, 1))
         keep &= _at_the_ends(ctx.constraints, slc, tp, dp)
-    return ConfigArrays(tp=tp[keep], cp=cp[keep], ep=ep[keep], pp=pp[keep], dp=dp[keep],
-                        zero=zero[keep], recompute=g[keep, 1], offload=g[keep, 2].astype(bool),
-                        micro_batch=ctx.micro_batch // dp[keep], expert_tp=etp[keep])
+    out = ConfigArrays(tp=tp[keep], cp=cp[keep], ep=ep[keep], pp=pp[keep], dp=dp[keep],
+                       zero=zero[keep], recompute=g[keep, 1], offload=g[keep, 2].astype(bool),
+                       micro_batch=ctx.micro_batch // dp[keep], expert_tp=etp[keep])
+    return _with_a2a_overlap(out, slc, ctx, feats)
+
+
+def _with_a2a_overlap(cfg: ConfigArrays, slc: ModelSlice, ctx: PlanContext, feats: FeatureSet
+                      ) -> ConfigArrays:
+    """``cfg`` followed by a copy, with the MoE all-to-all overlap on, of every row whose
+    runtime runs it (:func:`~solver.cost.runtime.runtime_rules.a2a_overlap_problem`; a row of a
+    single-stage plan is a whole-model slice without internal pipelining). Not dominated: the
+    overlap holds one more layer's activations (:func:`~solver.cost.timing.a2a_overlap_hidden`).
+    ``[constraints] a2a_overlap = false`` leaves it out."""
+    if (ctx.framework is None or not feats.ep or not slc.model.is_moe
+            or (ctx.constraints is not None and ctx.constraints.a2a_overlap is False)):
+        return cfg
+    prof = profile(ctx.framework)
+    piped = (np.asarray(cfg.pp) > 1) | (not slc.is_whole)
+    rows = np.zeros(len(cfg), dtype=bool)
+    for e, r, p in {(int(e), int(r), bool(p)) for e, r, p in zip(cfg.ep, cfg.recompute, piped)}:
+        if a2a_overlap_problem(prof, True, e, RECOMPUTE_CODES[r], p) is None:
+            rows |= (cfg.ep == e) & (cfg.recompute == r) & (piped == p)
+    if not rows.any():
+        return cfg
+    extra = cfg.take(rows)
+    return cfg.joined(dataclasses.replace(extra, a2a_overlap=np.ones(len(extra), dtype=bool)))
 
 
 def _at_the_ends(c: Constraints, slc: ModelSlice, tp: np.ndarray, dp: np.ndarray) -> np.ndarray:

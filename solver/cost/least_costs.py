@@ -15,12 +15,13 @@ import math
 
 import numpy as np
 
+from solver.cost.a2a_overlap import a2a_overlap_hidden
 from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
 from solver.cost.runtime.frameworks import Runtime
 from solver.cost.stage import ConfigArrays
 from solver.cost.stage_costs import _time_inputs
 from solver.cost.sync import _zero_and_sync
-from solver.cost.timing import embedding_times, head_times, layer_times
+from solver.cost.timing import embedding_times, head_times, layer_times, tokens_per_gpu
 from solver.spec.domain import Island, ModelSpec
 
 __all__ = ["layer_latencies", "least_latencies", "least_iterations"]
@@ -33,8 +34,17 @@ def layer_latencies(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigA
     layer without recomputation: no sub-stage of ``d`` layers under that layout (internal
     pipeline stage or not, any recomputation) is faster than ``d`` times it
     (:func:`least_latencies`)."""
-    fwd, bwd = layer_times(*_without_recomputation(model, island, seq_len, cfg, calib, runtime))
-    return fwd.total + bwd.total
+    ti, plain = _without_recomputation(model, island, seq_len, cfg, calib, runtime)
+    return _overlapped_layer(ti, plain)
+
+
+def _overlapped_layer(ti, cfg: ConfigArrays) -> np.ndarray:
+    """One layer's forward plus backward seconds, less what the MoE all-to-all overlap hides
+    where a row has it (:mod:`solver.cost.a2a_overlap`: the layer pair's period, which only
+    grows with recomputation)."""
+    fwd, bwd = layer_times(ti, cfg)
+    n = tokens_per_gpu(cfg, ti.seq_len)
+    return fwd.total + bwd.total - a2a_overlap_hidden(ti, cfg, n, fwd, bwd)
 
 
 def _without_recomputation(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigArrays,
@@ -55,12 +65,14 @@ def least_latencies(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigA
     plus the embedding's and the head's, plus ZeRO, offload and point-to-point terms that are
     never negative; recomputation only adds (compute, TP and EP traffic, a third CP ring). So
     any configuration of these layouts takes at least ``d`` times the first value plus the
-    others it holds. ``inf`` each when ``cfg`` is empty."""
+    others it holds; with the MoE all-to-all overlap, a layer's share is the overlapped pair's
+    period. ``inf`` each when ``cfg`` is empty."""
     if len(cfg) == 0:
         return math.inf, math.inf, math.inf
     ti, plain = _without_recomputation(model, island, seq_len, cfg, calib, runtime)
-    return tuple(float(np.min(f.total + b.total)) for f, b in (
-        layer_times(ti, plain), head_times(ti, plain), embedding_times(ti, plain)))
+    return (float(np.min(_overlapped_layer(ti, plain))),
+            *(float(np.min(f.total + b.total))
+              for f, b in (head_times(ti, plain), embedding_times(ti, plain))))
 
 
 def least_iterations(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigArrays,

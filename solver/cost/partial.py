@@ -186,7 +186,7 @@ def partial_plans(cfg: ConfigArrays, costs: StageCosts, index: np.ndarray,
     n = len(cfg)
     cols = {f: _column(getattr(cfg, f), index, n)
             for f in ("tp", "cp", "ep", "pp", "dp", "zero", "recompute", "offload", "micro_batch",
-                      "recompute_layers", "expert_tp")}
+                      "recompute_layers", "expert_tp", "a2a_overlap")}
     mem = costs.memory
     gb = {f: [x / 1e9 for x in _column(getattr(mem, f), index, n)]
           for f in ("params", "grads", "optimizer", "activations", "fragmentation")}
@@ -199,7 +199,8 @@ def partial_plans(cfg: ConfigArrays, costs: StageCosts, index: np.ndarray,
         config = StageConfig(cols["tp"][k], cols["cp"][k], cols["ep"][k], cols["pp"][k],
                              cols["dp"][k], cols["zero"][k], RECOMPUTE_CODES[cols["recompute"][k]],
                              bool(cols["offload"][k]), cols["micro_batch"][k],
-                             cols["recompute_layers"][k] or None, cols["expert_tp"][k] or None)
+                             cols["recompute_layers"][k] or None, cols["expert_tp"][k] or None,
+                             bool(cols["a2a_overlap"][k]))
         breakdown = MemoryBreakdown(gb["params"][k], gb["grads"][k], gb["optimizer"][k],
                                     gb["activations"][k], gb["fragmentation"][k])
         out.append(PartialPlan(config, lat[k], fwd[k], bwd[k], it[k], total[k], breakdown,

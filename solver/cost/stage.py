@@ -99,6 +99,12 @@ class StageConfig:
         Expert tensor-parallel degree (Megatron's ``--expert-tensor-parallel-size``, FlagScale's
         ``expert_tensor_parallel_size_per_process_mesh``); None: equal to ``tp``, the runtimes'
         default. Each expert's weights are split ``expert_tp`` ways.
+    a2a_overlap : bool
+        Megatron-Core's MoE all-to-all overlap (``--overlap-moe-expert-parallel-comm``): one
+        micro-batch's forward runs layer by layer beside the previous one's backward, each one's
+        dispatch and combine under the other's compute
+        (:func:`~solver.cost.timing.a2a_overlap_hidden`). Only where the runtime runs it
+        (:func:`~solver.cost.runtime.runtime_rules.a2a_overlap_problems`).
     """
 
     tp: int = 1
@@ -112,6 +118,7 @@ class StageConfig:
     micro_batch: int = 1
     recompute_layers: int | None = None
     expert_tp: int | None = None
+    a2a_overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.expert_tp is not None and self.expert_tp < 1:
@@ -143,6 +150,9 @@ class StageConfig:
         return self.tp * self.cp * self.dp // (self.etp * self.ep)
 
 
+_FLAGS = ("offload", "a2a_overlap")  # the boolean columns of ConfigArrays
+
+
 @dataclass(frozen=True)
 class ConfigArrays:
     """Many :class:`StageConfig` as parallel arrays (same length, broadcastable).
@@ -159,6 +169,8 @@ class ConfigArrays:
         :attr:`StageConfig.recompute_layers` with 0 for None (all layers).
     expert_tp : numpy.ndarray | int
         :attr:`StageConfig.expert_tp` with 0 for None (equal to ``tp``).
+    a2a_overlap : numpy.ndarray | bool
+        :attr:`StageConfig.a2a_overlap`.
     """
 
     tp: np.ndarray
@@ -172,6 +184,7 @@ class ConfigArrays:
     micro_batch: np.ndarray
     recompute_layers: np.ndarray | int = 0
     expert_tp: np.ndarray | int = 0
+    a2a_overlap: np.ndarray | bool = False
 
     @classmethod
     def of(cls, configs: list[StageConfig] | tuple[StageConfig, ...]) -> "ConfigArrays":
@@ -180,7 +193,7 @@ class ConfigArrays:
         cols["recompute"] = [RECOMPUTE_CODES.index(r) for r in cols["recompute"]]
         cols["recompute_layers"] = [k or 0 for k in cols["recompute_layers"]]
         cols["expert_tp"] = [e or 0 for e in cols["expert_tp"]]
-        arrays = {k: np.asarray(v, dtype=bool if k == "offload" else np.int64)
+        arrays = {k: np.asarray(v, dtype=bool if k in _FLAGS else np.int64)
                   for k, v in cols.items()}
         return cls(**arrays)
 
@@ -198,11 +211,11 @@ class ConfigArrays:
                 .tolist() for f in fields(self)}
         return [StageConfig(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, zero=z, recompute=RECOMPUTE_CODES[r],
                             offload=bool(o), micro_batch=b, recompute_layers=k or None,
-                            expert_tp=e or None)
-                for tp, cp, ep, pp, dp, z, r, o, b, k, e in zip(
+                            expert_tp=e or None, a2a_overlap=bool(a))
+                for tp, cp, ep, pp, dp, z, r, o, b, k, e, a in zip(
                     cols["tp"], cols["cp"], cols["ep"], cols["pp"], cols["dp"], cols["zero"],
                     cols["recompute"], cols["offload"], cols["micro_batch"],
-                    cols["recompute_layers"], cols["expert_tp"])]
+                    cols["recompute_layers"], cols["expert_tp"], cols["a2a_overlap"])]
 
     def joined(self, other: "ConfigArrays") -> "ConfigArrays":
         """These configurations followed by ``other``'s."""

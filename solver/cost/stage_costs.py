@@ -41,6 +41,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from solver.cost.a2a_overlap import a2a_overlap_hidden, held_micro_batches
 from solver.cost.efficiency import (
     DEFAULT_CALIBRATION,
     AttentionKernel,
@@ -101,6 +102,9 @@ class SubStageCosts:
         Per-GPU memory (bytes).
     dp_s, optimizer_s : numpy.ndarray
         Per-iteration exposed gradient synchronisation and optimizer step (s).
+    edge_s : numpy.ndarray
+        Per-iteration all-to-all the MoE overlap leaves exposed: the first forward's and the
+        last backward's (:mod:`solver.cost.a2a_overlap`; 0 without it).
     """
 
     fwd: Components
@@ -108,6 +112,7 @@ class SubStageCosts:
     memory: MemoryArrays
     dp_s: np.ndarray
     optimizer_s: np.ndarray
+    edge_s: np.ndarray | float = 0.0
 
     @property
     def latency(self) -> np.ndarray:
@@ -121,7 +126,8 @@ class SubStageCosts:
                               for f in fields(MemoryArrays)})
         return SubStageCosts(self.fwd.where(mask, other.fwd), self.bwd.where(mask, other.bwd), mem,
                              np.where(mask, self.dp_s, other.dp_s),
-                             np.where(mask, self.optimizer_s, other.optimizer_s))
+                             np.where(mask, self.optimizer_s, other.optimizer_s),
+                             np.where(mask, self.edge_s, other.edge_s))
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,8 @@ class StageCosts:
         Per-GPU bytes of the most loaded sub-stage.
     host_bytes : numpy.ndarray
         Offloaded activation bytes per GPU in host memory (largest over sub-stages).
+    edge_s : numpy.ndarray | float
+        :attr:`SubStageCosts.edge_s` of the bottleneck sub-stage.
     """
 
     fwd: Components
@@ -149,11 +157,13 @@ class StageCosts:
     optimizer_s: np.ndarray
     memory: MemoryArrays
     host_bytes: np.ndarray
+    edge_s: np.ndarray | float = 0.0
 
     @property
     def iteration_s(self) -> np.ndarray:
-        """Per-iteration seconds outside the pipeline: exposed DP sync plus optimizer step."""
-        return self.dp_s + self.optimizer_s
+        """Per-iteration seconds outside the pipeline: exposed DP sync, optimizer step and the
+        MoE overlap's exposed all-to-alls."""
+        return self.dp_s + self.optimizer_s + self.edge_s
 
     def fits(self, cap_bytes: float, calib: Calibration) -> np.ndarray:
         """Device memory within ``cap_bytes`` (the usable bytes,
@@ -198,6 +208,7 @@ def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
     layers = np.asarray(layers)
     share = recomputed_layers(cfg, layers) / np.maximum(layers, 1)
     lf, lb = layer_times(ti, cfg, share)
+    a2a = a2a_overlap_hidden(ti, cfg, tokens_per_gpu(cfg, ti.seq_len), lf, lb) * layers
     ef, eb = embedding_times(ti, cfg)
     hf, hb = head_times(ti, cfg)
     fwd = lf.scaled(layers).plus(ef.scaled(emb)).plus(hf.scaled(head))
@@ -215,18 +226,19 @@ def substage_costs(ti: TimeInputs, cfg: ConfigArrays, layers: np.ndarray, emb: n
     hidden = 1.0 if ti.overlap else 0.0  # copy engines run beside the compute of the pass
     # Interleaved Megatron: a pass's transfers run under the other pass's compute.
     behind = 1.0 if ti.profile.overlap_p2p and p2p_factor > 1 else 0.0
-    fwd = Components(fwd.compute, fwd.recompute, fwd.tp, fwd.cp, fwd.ep, z_fwd,
+    fwd = Components(fwd.compute, fwd.recompute, fwd.tp, fwd.cp, fwd.ep - a2a / 2, z_fwd,
                      np.maximum(copy - hidden * fwd.compute, 0.0),
                      np.maximum(p2p - behind * bwd_work, 0.0))
-    bwd = Components(bwd.compute, bwd.recompute, bwd.tp, bwd.cp, bwd.ep, z_bwd,
+    bwd = Components(bwd.compute, bwd.recompute, bwd.tp, bwd.cp, bwd.ep - a2a / 2, z_bwd,
                      np.maximum(copy - hidden * bwd_work, 0.0),
                      np.maximum(p2p - behind * fwd.compute, 0.0))
     per_module = ti.profile.framework is Framework.DEEPSPEED
+    in_flight = held_micro_batches(cfg, in_flight, layers)
     memory = substage_memory(ti.model, ti.seq_len, cfg, layers, emb, head, in_flight,
                              ti.calib.offload_resident, flash, per_module, fp8, cf,
                              ti.grad_bytes, ti.fp8_params,
                              ti.loss.held_bytes_per_logit)
-    return SubStageCosts(fwd, bwd, memory, dp_s, optimizer)
+    return SubStageCosts(fwd, bwd, memory, dp_s, optimizer, a2a)
 
 
 def in_flight_of(pipe: PipelineSetting, pp: np.ndarray, j: np.ndarray) -> np.ndarray:
@@ -279,7 +291,7 @@ def stage_costs(slc: ModelSlice, island: Island, seq_len: int, cfg: ConfigArrays
                              _p2p_factor(pipe), fp8)
         one = one.where(np.ones(len(cfg), dtype=bool), one)  # every field as long as cfg
         return StageCosts(one.fwd, one.bwd, one.latency, one.dp_s, one.optimizer_s, one.memory,
-                          one.memory.host)
+                          one.memory.host, one.edge_s)
     first, second, last = split_layers(slc.layers, pp)
     light, light_at, has_light = light_middle(slc.layers, pp)
     only = pp == 1
@@ -311,10 +323,10 @@ def _pick(reps: list[tuple[SubStageCosts, np.ndarray]], key) -> SubStageCosts:
 def _combine(reps: list[tuple[SubStageCosts, np.ndarray]]) -> StageCosts:
     slow = _pick(reps, lambda r: r.latency)
     heavy = _pick(reps, lambda r: r.memory.total)
-    sync = _pick(reps, lambda r: r.dp_s + r.optimizer_s)
+    sync = _pick(reps, lambda r: r.dp_s + r.optimizer_s + r.edge_s)
     host = _pick(reps, lambda r: r.memory.host).memory.host
     return StageCosts(slow.fwd, slow.bwd, slow.latency, sync.dp_s, sync.optimizer_s, heavy.memory,
-                      host)
+                      host, sync.edge_s)
 
 
 def island_substage_memory(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigArrays,
@@ -324,6 +336,7 @@ def island_substage_memory(model: ModelSpec, island: Island, seq_len: int, cfg: 
     """:func:`~solver.cost.memory.substage_memory` of a sub-stage on ``island`` under
     ``runtime`` (its attention kernel, FP8 and ZeRO-3 gathering, as :func:`stage_costs`)."""
     ti = _time_inputs(model, island, seq_len, calib, runtime)
+    in_flight = held_micro_batches(cfg, in_flight, layers)
     return substage_memory(model, seq_len, cfg, layers, emb, head, in_flight,
                            calib.offload_resident, ti.attention_eff is not None,
                            runtime.framework is Framework.DEEPSPEED, _fp8(island, runtime),
@@ -384,20 +397,3 @@ def substage_latencies(slc: ModelSlice, island: Island, seq_len: int, cfg: Confi
     bounds = np.concatenate([[0], np.cumsum(pps)])
     return [tuple(float(x) for x in lat[bounds[i]:bounds[i + 1]]) for i in range(n)]
 
-
-def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
-    """Model FLOPs per trained token without recomputation: 3 x (forward GEMMs + attention).
-
-    Forward: ``2 x`` active matmul weights of every layer and the LM head, plus ``4 s a d_head``
-    per layer for the attention core (Narayanan et al. SC'21 count; equals
-    ``72 B s l h^2 (1 + s/6h + V/12lh)`` per iteration for GPT).
-    """
-    per_layer = model.active_params_per_layer - model.norm_params
-    forward = model.layers * 2.0 * per_layer + 2.0 * model.vocab * model.hidden
-    return 3.0 * forward + attention_flops_per_token(model, seq_len)
-
-
-def attention_flops_per_token(model: ModelSpec, seq_len: int) -> float:
-    """The attention-core part of :func:`model_flops_per_token`: ``3 x 4 s a d_head`` per
-    layer (the full square, as Megatron counts it; a fused kernel executes half of it)."""
-    return 3.0 * model.layers * 4.0 * seq_len * model.heads * model.d_head

@@ -185,7 +185,6 @@ def _layer_gemm_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray) -> np.ndar
     """Forward GEMM seconds of one layer (QKV, O, MLP or router + experts + shared experts)."""
     m, tp = ti.model, cfg.tp
     h, dh = m.hidden, m.d_head
-    up = 2 if m.gated_mlp else 1
 
     def g(flops: np.ndarray, rows, cols, inner) -> np.ndarray:
         return ti.gemm.seconds(flops, rows, cols, inner, ti.peak_flops)
@@ -193,19 +192,23 @@ def _layer_gemm_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray) -> np.ndar
     q_dim, kv_dim = m.heads * dh, m.kv_heads * dh
     t = g(2 * n * h * (q_dim + 2 * kv_dim) / tp, n, (q_dim + 2 * kv_dim) / tp, h)
     t = t + g(2 * n * q_dim * h / tp, n, h, q_dim / tp)
-
-    def mlp(tokens: np.ndarray, width: float, copies: np.ndarray | float) -> np.ndarray:
-        flops = 2 * tokens * copies * h * width * (up + 1) / tp
-        split = up / (up + 1)
-        return (g(flops * split, tokens, up * width / tp, h)
-                + g(flops * (1 - split), tokens, h, width / tp))
-
     if not m.is_moe:
-        return t + mlp(n, m.ffn, 1.0)
+        return t + mlp_gemm_fwd(ti, cfg, n, m.ffn)
     t = t + g(2 * n * h * m.experts / tp, n / tp, m.experts, h)
     if m.shared_experts:
-        t = t + mlp(n, m.shared_experts * m.expert_ffn, 1.0)
+        t = t + mlp_gemm_fwd(ti, cfg, n, m.shared_experts * m.expert_ffn)
     return t + _routed_gemm_fwd(ti, cfg, n)
+
+
+def mlp_gemm_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray, width: float) -> np.ndarray:
+    """Forward GEMM seconds of a ``width``-wide MLP split ``tp`` ways over ``n`` tokens (the
+    dense MLP, or the shared experts): up (and gate) projection, then down projection."""
+    m, tp = ti.model, cfg.tp
+    h, up = m.hidden, (2 if m.gated_mlp else 1)
+    flops = 2 * n * h * width * (up + 1) / tp
+    split = up / (up + 1)
+    return (ti.gemm.seconds(flops * split, n, up * width / tp, h, ti.peak_flops)
+            + ti.gemm.seconds(flops * (1 - split), n, h, width / tp, ti.peak_flops))
 
 
 def _routed_gemm_fwd(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray) -> np.ndarray:

@@ -36,6 +36,9 @@ Key names and semantics as FlagScale reads them (FlagOpen/FlagScale at da4935e, 
   ``recompute_method_per_stage_micro_batch`` / ``recompute_num_layers_per_stage_micro_batch``
   hold one ``[stages, n_micro, value]`` entry per pipeline stage: granularity 1 on / 0 off,
   method 0 uniform / 1 block, the number of layers (0: none).
+* ``overlap_moe_expert_parallel_comm`` (Megatron-LM's ``_add_moe_args`` at the pin) for a plan
+  with the MoE all-to-all overlap, and ``CUDA_DEVICE_MAX_CONNECTIONS`` above 1 with it
+  (:data:`~solver.launch.meshes.A2A_OVERLAP_NOTE`).
 """
 
 from __future__ import annotations
@@ -44,8 +47,9 @@ from typing import Any
 
 from solver.cost.runtime.runtime_rules import mixed_kinds_note
 from solver.launch.megatron import layer_split_flags, recompute_flags
-from solver.launch.meshes import (Mesh, NotExpressible, meshes, micro_batch_size, model_flags,
-                                  optimizer_flags, precision_flags, slots, vendor_check)
+from solver.launch.meshes import (A2A_OVERLAP_NOTE, Mesh, NotExpressible, max_connections,
+                                  meshes, micro_batch_size, model_flags, optimizer_flags,
+                                  precision_flags, slots, vendor_check)
 from solver.launch.yaml_out import dump
 from solver.planner.plan import Plan
 from solver.spec.domain import Framework, Recompute
@@ -76,6 +80,8 @@ def flagscale_config(plan: Plan) -> dict[str, Any]:
     }
     if plan.job.model.is_moe and not hetero:  # the expert grid (Megatron-Core parallel_state)
         system["expert_tensor_parallel_size"] = first.expert_tp
+    if first.a2a_overlap:
+        system["overlap_moe_expert_parallel_comm"] = True
     recompute = _recompute(plan, ms)
     if recompute:
         system["recompute"] = recompute
@@ -103,12 +109,19 @@ def flagscale_experiment(plan: Plan, hostfile: str) -> dict[str, Any]:
             "task": {"type": "train", "backend": "megatron",
                      "entrypoint": "./flagscale/train/train_gpt.py"},
             "runner": {"backend": "torchrun", "rdzv_backend": "static", "hostfile": hostfile},
-            "envs": {"CUDA_DEVICE_MAX_CONNECTIONS": 1},
+            "envs": {"CUDA_DEVICE_MAX_CONNECTIONS": _connections(meshes(plan))},
         },
         "action": "run",
         "hydra": {"run": {"dir": "${experiment.exp_dir}/hydra"}},
         "train": flagscale_config(plan),
     }
+
+
+def _connections(ms: list[Mesh]) -> int:
+    """``CUDA_DEVICE_MAX_CONNECTIONS``: 1, which Megatron-LM asserts with TP or CP on Hopper
+    (``validate_args``), unless the meshes overlap the MoE all-to-alls
+    (:func:`~solver.launch.meshes.max_connections`)."""
+    return max_connections(ms) if any(m.a2a_overlap for m in ms) else 1
 
 
 def flagscale_yaml(plan: Plan, hostfile: str | None = None) -> str:
@@ -123,6 +136,8 @@ def flagscale_yaml(plan: Plan, hostfile: str | None = None) -> str:
             "names). Values ??? are yours to set.",
             "# Run: python run.py --config-path <dir> --config-name <this file's name> "
             "action=run"]
+    if any(m.a2a_overlap for m in ms):
+        head.append(f"# {A2A_OVERLAP_NOTE} {_connections(ms)} (envs below).")
     for i, m in enumerate(ms):  # a mesh of several GPU types runs as its weakest (said here)
         note = mixed_kinds_note({n.gpu for n in m.nodes})
         if note:
@@ -177,6 +192,9 @@ def _check(plan: Plan, ms: list[Mesh], hetero: bool) -> None:
     vendor_check(plan)
     if not hetero:
         return
+    if any(m.a2a_overlap for m in ms):
+        raise NotExpressible("the MoE all-to-all overlap is planned for one mesh without "
+                             "pipelining; hetero mode pipelines")
     if len(ms) == 1 and (plan.virtual_stages > 1 or ms[0].cp > 1):
         raise NotExpressible("the stages recompute differently, which FlagScale reads only in "
                              "hetero mode (initialize.py patch: post_validate_args runs with "

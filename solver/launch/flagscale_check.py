@@ -100,6 +100,26 @@ def problems(doc: dict[str, Any], hostfile: str | None) -> list[str]:
     out += _expert_grid_rules(args, hosts, hetero)
     out += _batch_rules(args, hosts, hetero)
     out += _recompute_rules(args)
+    out += _a2a_overlap_rules(args, hetero)
+    return out
+
+
+def _a2a_overlap_rules(args: dict[str, Any], hetero: bool) -> list[str]:
+    """Megatron-Core's ``TransformerConfig.__post_init__`` checks of
+    ``overlap_moe_expert_parallel_comm`` (core_v0.15.0), restated."""
+    if not args.get("overlap_moe_expert_parallel_comm"):
+        return []
+    out = []
+    if int(args.get("expert_model_parallel_size", 1)) <= 1 and not hetero:
+        out.append("overlap_moe_expert_parallel_comm needs expert_model_parallel_size > 1")
+    if args.get("moe_token_dispatcher_type") not in ("alltoall", "flex"):
+        out.append("overlap_moe_expert_parallel_comm needs the alltoall or flex dispatcher")
+    if args.get("recompute_granularity") == "full" or args.get("recompute_method"):
+        out.append("overlap_moe_expert_parallel_comm runs without full recomputation and "
+                   "without a recomputation method")
+    if int(args.get("pipeline_model_parallel_size", 1)) > 1 and \
+            not args.get("num_layers_per_virtual_pipeline_stage"):
+        out.append("overlap_moe_expert_parallel_comm with pipeline stages needs virtual ones")
     return out
 
 

@@ -56,13 +56,15 @@ class Stage:
 
 @dataclass(frozen=True)
 class ReadBack:
-    """What a FlagScale config runs: stages, interleaving and the batch."""
+    """What a FlagScale config runs: stages, interleaving, the batch and whether the MoE
+    all-to-alls overlap (``overlap_moe_expert_parallel_comm``)."""
 
     stages: tuple[Stage, ...]
     virtual_stages: int
     n_micro: int
     global_batch: int
     hetero: bool
+    a2a_overlap: bool = False
 
 
 def _stage_values(args: dict[str, Any], key: str, stages: int, n: int) -> list[int] | None:
@@ -116,7 +118,8 @@ def read_back(doc: dict[str, Any], hostfile: str) -> ReadBack:
         dp = m[3] or dp0
         stages.append(Stage(layers, m[0], m[1], m[2], dp, dp0 * mbs // dp, kind, k, dev,
                             None if m[5] is None else int(m[5])))
-    return ReadBack(tuple(stages), v, n, gb, hetero)
+    return ReadBack(tuple(stages), v, n, gb, hetero,
+                    bool(args.get("overlap_moe_expert_parallel_comm")))
 
 
 def _recompute_of(args: dict[str, Any], stages: int, n: int,

@@ -25,7 +25,8 @@ Flag names as Megatron-LM spells them (NVIDIA/Megatron-LM ``core_v0.14.0``,
   ``_add_distributed_args``: ``--use-distributed-optimizer``, ``--overlap-grad-reduce``,
   ``--overlap-param-gather``, ``--use-megatron-fsdp``, ``--data-parallel-sharding-strategy``
   (ZeRO-3: :func:`~solver.launch.meshes.optimizer_flags`); ``_add_checkpointing_args``:
-  ``--ckpt-format``; ``_add_mixed_precision_args``: ``--bf16`` / ``--fp16``;
+  ``--ckpt-format``; ``_add_mixed_precision_args``: ``--bf16`` / ``--fp16``; ``_add_moe_args``:
+  ``--overlap-moe-expert-parallel-comm``;
   ``_add_transformer_engine_args``: ``--transformer-impl``, ``--fp8-format``,
   ``--fp8-recipe``; ``_add_data_args``: ``--seq-length``.
 
@@ -37,8 +38,9 @@ from __future__ import annotations
 
 import shlex
 
-from solver.launch.meshes import (Mesh, NotExpressible, meshes, micro_batch_size, model_flags,
-                                  optimizer_flags, precision_flags, slots, vendor_check)
+from solver.launch.meshes import (A2A_OVERLAP_NOTE, Mesh, NotExpressible, max_connections,
+                                  meshes, micro_batch_size, model_flags, optimizer_flags,
+                                  precision_flags, slots, vendor_check)
 from solver.planner.plan import Plan
 from solver.spec.domain import Framework, Recompute
 
@@ -75,6 +77,7 @@ def megatron_args(plan: Plan) -> list[str]:
         **optimizer_flags(plan, Framework.MEGATRON_CORE),
         **recompute_flags(*recompute.pop(), plan.virtual_stages), **precision_flags(plan),
         **model_flags(plan, [m.tp]),
+        **({"overlap_moe_expert_parallel_comm": True} if m.a2a_overlap else {}),
     }
     return to_argv(flags)
 
@@ -183,6 +186,8 @@ def megatron_launch(plan: Plan) -> str:
     if "--use-megatron-fsdp" in args:
         head.append("# Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 "
                     "(validate_args asserts it is not 1 with --use-megatron-fsdp).")
+    if "--overlap-moe-expert-parallel-comm" in args:
+        head.append(f"# {A2A_OVERLAP_NOTE} {max_connections(ms)}.")
     head.append("# Add your data, tokenizer, optimizer and checkpoint arguments (--data-path, "
                 "--tokenizer-type, --train-iters, --lr, --save, ...).")
     cmd = (f"torchrun --nnodes {len(per_node)} --nproc-per-node {nproc} --node-rank "

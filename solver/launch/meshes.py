@@ -21,7 +21,8 @@ from solver.launch.model_flags import model_flags
 from solver.planner.plan import Plan
 from solver.spec.domain import CrossEntropyKernel, Framework, Node, Precision, Recompute
 
-__all__ = ["Mesh", "NotExpressible", "meshes", "micro_batch_size", "model_flags",
+__all__ = ["A2A_OVERLAP_NOTE", "Mesh", "NotExpressible", "max_connections", "meshes",
+           "micro_batch_size", "model_flags",
            "nodes_in_rank_order", "optimizer_flags", "precision_flags", "slots", "vendor_check"]
 
 
@@ -46,6 +47,8 @@ class Mesh:
         Its nodes in rank order (each node's GPUs are consecutive ranks).
     expert_tp : int
         Expert tensor-parallel degree of its routed experts.
+    a2a_overlap : bool
+        Its stages overlap the MoE all-to-alls (``--overlap-moe-expert-parallel-comm``).
     """
 
     device: str
@@ -59,6 +62,7 @@ class Mesh:
     recompute_layers: tuple[int | None, ...] = ()
     nodes: tuple[Node, ...] = ()
     expert_tp: int = 1
+    a2a_overlap: bool = False
 
     @property
     def gpus(self) -> int:
@@ -88,13 +92,32 @@ def meshes(plan: Plan) -> list[Mesh]:
         key = (s.island.gpu.name, c.tp, c.cp, c.ep, c.dp)
         last = out[-1] if out else None
         if last and previous == s.island.name and last.expert_tp == c.etp and \
+                last.a2a_overlap == c.a2a_overlap and \
                 (last.device, last.tp, last.cp, last.ep, last.dp) == key:
             out[-1] = Mesh(*key, last.pp + c.pp, last.layers + layers, last.recompute + rc,
-                           last.recompute_layers + k, last.nodes + _stage_nodes(s), c.etp)
+                           last.recompute_layers + k, last.nodes + _stage_nodes(s), c.etp,
+                           c.a2a_overlap)
         else:
-            out.append(Mesh(*key, c.pp, layers, rc, k, _stage_nodes(s), c.etp))
+            out.append(Mesh(*key, c.pp, layers, rc, k, _stage_nodes(s), c.etp, c.a2a_overlap))
         previous = s.island.name
     return out
+
+
+#: What a launch with the MoE all-to-all overlap needs from its environment: torch >= 2.6
+#: (``TransformerConfig.__post_init__`` asserts it) and more than one hardware queue, so that
+#: the two streams' kernels run side by side (Megatron-Bridge's performance launcher sets 8 on
+#: Hopper and 32 on Blackwell with it, ``scripts/performance/utils/overrides.py``;
+#: ``validate_args`` then only warns about TP or CP on Hopper).
+A2A_OVERLAP_NOTE = ("MoE all-to-all overlap: needs torch >= 2.6; set "
+                    "CUDA_DEVICE_MAX_CONNECTIONS to")
+
+
+def max_connections(ms: list[Mesh]) -> int:
+    """``CUDA_DEVICE_MAX_CONNECTIONS`` for a run with the MoE all-to-all overlap: 32 when every
+    GPU is a Blackwell (in the catalog: the GPUs with MXFP8, which Transformer Engine runs on
+    Blackwell only), else 8 (:data:`A2A_OVERLAP_NOTE`)."""
+    blackwell = all(n.gpu.mxfp8 for m in ms for n in m.nodes)
+    return 32 if blackwell else 8
 
 
 def nodes_in_rank_order(plan: Plan) -> list[Node]:

@@ -230,6 +230,7 @@ def plan_json(plan: Plan, islands_payload: list[dict[str, Any]]) -> dict[str, An
             "nodes": s.node_ids, "layers": [s.start, s.end], "tp": c.tp, "cp": c.cp, "ep": c.ep, "pp": c.pp,
             "dp": c.dp, "zero": c.zero, "recompute": c.recompute.value,
             "recompute_layers": c.recompute_layers, "expert_tp": c.etp, "offload": c.offload,
+            "a2a_overlap": c.a2a_overlap,
             "micro_batch": c.micro_batch, "virtual_stages": plan.virtual_stages,
             "precision": s.island.gpu.runs_in(plan.job.training.precision),
             "latency_s": _r(s.plan.latency_s), "memory_gb": _r(s.plan.memory_gb)})

@@ -27,6 +27,9 @@ class Constraints:
         Allowed recomputation.
     offload : bool | None
         False forbids activation offload.
+    a2a_overlap : bool | None
+        False forbids the MoE all-to-all overlap (Megatron-Core's
+        ``--overlap-moe-expert-parallel-comm``, which needs torch >= 2.6).
     micro_batch : tuple[int, ...] | None
         Allowed sequences per micro-batch per data-parallel rank (Megatron's
         ``--micro-batch-size``).
@@ -57,6 +60,7 @@ class Constraints:
     expert_tp: tuple[int, ...] | None = None
     recompute: tuple["Recompute", ...] | None = None
     offload: bool | None = None
+    a2a_overlap: bool | None = None
     micro_batch: tuple[int, ...] | None = None
     schedule: tuple["Schedule", ...] | None = None
     virtual_stages: tuple[int, ...] | None = None

@@ -351,6 +351,7 @@ def _constraints(f: Fields) -> Constraints:
         expert_tp=_int_list(f, "expert_tp", 1, 1024),
         recompute=_enum_list(f, "recompute", Recompute),
         offload=f.get("offload", bool, None),
+        a2a_overlap=f.get("a2a_overlap", bool, None),
         micro_batch=_int_list(f, "micro_batch", 1, 10**6),
         schedule=_enum_list(f, "schedule", Schedule),
         virtual_stages=_int_list(f, "virtual_stages", 2, 4096),

@@ -249,9 +249,11 @@ def _stage_config(g: Fields, micro: int) -> StageConfig:
             "recompute_layers needs recompute = \"full\"")
     # Plans written before expert tensor parallelism have no ``expert_tp``: equal to tp.
     etp = None if g.data.get("expert_tp") is None else g.get("expert_tp", int, lo=1, hi=10**6)
+    # Plans written before the MoE all-to-all overlap have no ``a2a_overlap``: off.
     return StageConfig(**ints, zero=g.get("zero", int, lo=0, hi=3), recompute=recompute,
                        offload=g.get("offload", bool), micro_batch=micro // ints["dp"],
-                       recompute_layers=k, expert_tp=None if etp == ints["tp"] else etp)
+                       recompute_layers=k, expert_tp=None if etp == ints["tp"] else etp,
+                       a2a_overlap=g.get("a2a_overlap", bool, False))
 
 
 def _stage_nodes(g: Fields, island: Island) -> tuple[Node, ...]:

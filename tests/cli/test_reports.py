@@ -64,7 +64,7 @@ def test_pareto_text_counts_each_island_once(tmp_path, capsys):
 
 
 def test_explain_adds_up_to_the_model(capsys):
-    from solver.cost.stage_costs import model_flops_per_token
+    from solver.cost.flops import model_flops_per_token
     from solver.spec.loaders import load_job
     job = load_job(INSTANCES / "jobs" / "seed-llama3-70b.toml")
     assert main(["plan", str(INSTANCES / "jobs" / "seed-llama3-70b.toml"), "--json",

@@ -16,12 +16,12 @@ from solver.cost.efficiency import (
     machine_balance,
     ring_time,
 )
+from solver.cost.flops import model_flops_per_token
 from solver.cost.memory import activation_bytes_per_token
 from solver.cost.stage import ConfigArrays, ModelSlice, StageConfig
 from solver.cost.stage_costs import (
     PipelineSetting,
     in_flight_of,
-    model_flops_per_token,
     split_layers,
     stage_costs,
     substage_latencies,

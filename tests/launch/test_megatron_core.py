@@ -96,6 +96,8 @@ def _config_kwargs(flags: dict, torch) -> dict:
         bf16=bool(flags.get("bf16")), fp16=bool(flags.get("fp16")),
         fp8=flags.get("fp8_format"),
         num_moe_experts=i("num_experts"), moe_ffn_hidden_size=i("moe_ffn_hidden_size"),
+        moe_token_dispatcher_type=flags.get("moe_token_dispatcher_type", "allgather"),
+        overlap_moe_expert_parallel_comm=bool(flags.get("overlap_moe_expert_parallel_comm")),
     )
     if flags.get("swiglu"):
         kw["activation_func"] = F.silu
@@ -159,9 +161,25 @@ CORE_JOBS = ["seed-llama3-70b", "mixtral-a100-h100", "v100-a100-llama2-13b",
              "gpt3-175b-three-gen-512"]
 
 
+#: Mixtral 8x7B's shape on two DGX H100 under Megatron-Core: one stage at EP 8 with the MoE
+#: all-to-all overlap (``TransformerConfig.__post_init__`` checks its rules).
+A2A_JOB = """model = { layers = 16, hidden = 4096, ffn = 14336, heads = 32, kv_heads = 8, vocab = 32000, experts = 8, top_k = 2, expert_ffn = 14336 }
+cluster = { nodes = [ { gpu = "H100-SXM-80GB", count = 2, name = "x" } ] }
+[training]
+global_batch = 128
+seq_len = 4096
+[planner]
+framework = "megatron-core"
+"""
+
+
 def _job(name, tmp_path):
     from pathlib import Path
     from solver.spec.domain import Framework
+    if name == "a2a":
+        path = tmp_path / "a2a.toml"
+        path.write_text(A2A_JOB)
+        return load_job(path)
     if name in ("moe", "qwen2"):
         path = tmp_path / f"{name}.toml"
         config = Path(__file__).parent / "data" / "qwen2-7b-config.json"
@@ -174,12 +192,14 @@ def _job(name, tmp_path):
     return job
 
 
-@pytest.mark.parametrize("name", JOBS + ["moe", "qwen2"] + [f"core:{n}" for n in CORE_JOBS])
+@pytest.mark.parametrize("name", JOBS + ["moe", "qwen2", "a2a"]
+                         + [f"core:{n}" for n in CORE_JOBS])
 def test_megatron_core_accepts_the_export(mcore, name, tmp_path):
     import torch
     from solver.planner.stages.search import plan_job
     plan = plan_job(_job(name, tmp_path))
     cfg, calc = _judge(plan, torch)
+    assert cfg.overlap_moe_expert_parallel_comm == (name == "a2a")
     assert calc.get() == plan.n_micro
     assert _stage_layers(cfg) == [x for m in meshes(plan) for x in m.layers]
     v = cfg.virtual_pipeline_model_parallel_size or 1
@@ -297,3 +317,34 @@ def test_megatron_core_model_holds_the_counted_parameters(one_rank, name):
                          "untie_embeddings_and_output_weights"))
     held = sum(p.numel() for p in model.parameters())
     assert held == m.total_params
+
+
+@pytest.mark.parametrize("ep, recompute, pp", [(2, "none", 1), (1, "none", 1), (2, "full", 1),
+                                               (2, "selective", 1), (2, "none", 2)])
+def test_megatron_core_refuses_the_overlap_where_the_rules_do(mcore, ep, recompute, pp):
+    """The MoE all-to-all overlap: Megatron-Core's ``TransformerConfig`` accepts a layout
+    exactly when :func:`~solver.cost.runtime.runtime_rules.a2a_overlap_problem` does (with
+    pipeline stages Megatron-Core asks for virtual ones, a schedule the planner does not price,
+    so both refuse a plain pipeline)."""
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from solver.cost.runtime.frameworks import PROFILES, a2a_overlap_problem
+    from solver.spec.domain import Framework, Recompute
+    kw = dict(num_layers=4, hidden_size=64, num_attention_heads=4, num_moe_experts=8,
+              moe_ffn_hidden_size=64, expert_model_parallel_size=ep, bf16=True,
+              params_dtype=torch.bfloat16, moe_token_dispatcher_type="alltoall",
+              overlap_moe_expert_parallel_comm=True, pipeline_model_parallel_size=pp,
+              pipeline_dtype=torch.bfloat16 if pp > 1 else None)
+    if recompute == "full":
+        kw.update(recompute_granularity="full", recompute_method="uniform",
+                  recompute_num_layers=1)
+    elif recompute == "selective":
+        kw.update(recompute_granularity="selective")
+    try:
+        TransformerConfig(**kw)
+        accepted = True
+    except (AssertionError, ValueError):
+        accepted = False
+    ours = a2a_overlap_problem(PROFILES[Framework.MEGATRON_CORE], True, ep, Recompute(recompute),
+                               pp > 1)
+    assert accepted == (ours is None)

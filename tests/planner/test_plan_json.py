@@ -19,7 +19,7 @@ TOP = {"pipeline_s", "per_iteration_s", "objective", "islands", "stages", "solve
        "framework", "schedule", "virtual_stages", "idle_nodes", "warnings"}
 STAGE = {"island", "gpu", "gpus", "nodes", "layers", "tp", "cp", "ep", "pp", "dp", "zero",
          "recompute", "recompute_layers", "expert_tp", "offload", "micro_batch", "virtual_stages",
-         "precision", "latency_s", "memory_gb"}
+         "precision", "latency_s", "memory_gb", "a2a_overlap"}
 
 
 def test_rounding_keeps_nine_significant_digits():
@@ -58,6 +58,7 @@ def test_single_pipeline_json_traces_to_the_plan(plan):
             "nodes": s.node_ids, "layers": [s.start, s.end], "tp": c.tp, "cp": c.cp, "ep": c.ep,
             "pp": c.pp, "dp": c.dp, "zero": c.zero, "recompute": c.recompute.value,
             "recompute_layers": c.recompute_layers, "offload": c.offload,
+            "a2a_overlap": c.a2a_overlap,
             # None in the configuration: expert-TP equal to TP, which the JSON states.
             "expert_tp": c.tp if c.expert_tp is None else c.expert_tp,
             "micro_batch": c.micro_batch, "virtual_stages": plan.virtual_stages,

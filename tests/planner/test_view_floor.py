@@ -116,7 +116,7 @@ def test_the_floor_holds_where_attention_dominates(floor_jobs):
     plan. (Charged at the GEMM ceiling, an earlier floor, 5.18 s, stood above this plan when
     the attention core ran at its stand-alone speed, 4.72 s; derated by Hopper's in-training
     fraction like the GEMMs, the plan takes longer than both.)"""
-    from solver.cost.stage_costs import model_flops_per_token
+    from solver.cost.flops import model_flops_per_token
     from solver.planner.stages.search import plan_job
     job = floor_jobs[0]  # LONG_CONTEXT
     (island,) = job_islands(job).islands

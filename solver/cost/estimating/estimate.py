@@ -17,12 +17,8 @@ import numpy as np
 from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
 from solver.cost.reserve import usable_bytes
 from solver.cost.stage import ConfigArrays, ModelSlice, StageConfig
-from solver.cost.stage_costs import (
-    PipelineSetting,
-    StageCosts,
-    model_flops_per_token,
-    stage_costs,
-)
+from solver.cost.flops import model_flops_per_token
+from solver.cost.stage_costs import PipelineSetting, StageCosts, stage_costs
 from solver.cost.runtime.frameworks import Runtime
 from solver.spec.domain import (CrossEntropyKernel, Framework, Island, ModelSpec, Precision,
                                Schedule)
@@ -311,7 +307,13 @@ def _communication(setup: EstimateSetup, costs: StageCosts, raw: StageCosts, i: 
 
     dp = Transfer(term(raw, "zero") + float(raw.dp_s[i]),
                   term(costs, "zero") + float(costs.dp_s[i]))
-    return Communication(pair("tp"), pair("cp"), pair("ep"), dp, pair("p2p"))
+    ep = Transfer(term(raw, "ep"), term(costs, "ep") + _edge(costs, i))
+    return Communication(pair("tp"), pair("cp"), ep, dp, pair("p2p"))
+
+
+def _edge(costs: StageCosts, i: int) -> float:
+    """The MoE overlap's per-iteration exposed all-to-alls of candidate ``i``."""
+    return float(np.broadcast_to(costs.edge_s, np.shape(costs.latency_s))[i])
 
 
 def _report(setup: EstimateSetup, config: StageConfig, costs: StageCosts, i: int, m: int,
@@ -330,7 +332,7 @@ def _report(setup: EstimateSetup, config: StageConfig, costs: StageCosts, i: int
 
     breakdown = Breakdown(
         compute=per_iter("compute"), recompute=per_iter("recompute"), tp_comm=per_iter("tp"),
-        cp_comm=per_iter("cp"), ep_comm=per_iter("ep"),
+        cp_comm=per_iter("cp"), ep_comm=per_iter("ep") + _edge(costs, i),
         pp_bubble=_bubble_stages(setup) * float(costs.latency_s[i]) + per_iter("p2p"),
         dp_comm=per_iter("zero") + float(costs.dp_s[i]),
         optimizer=float(costs.optimizer_s[i]), offload=per_iter("offload"))

@@ -35,6 +35,10 @@ Format (TOML)::
     zero = 1                      # optional (0)
     recompute = "none"            # none | selective | full
     offload = false
+    a2a_overlap = false           # optional (false), MoE: overlap the all-to-alls with another
+                                  #   micro-batch's compute (--overlap-moe-expert-parallel-comm;
+                                  #   megatron-core and flagscale, ep > 1, pp = 1, no full
+                                  #   recomputation)
     schedule = "interleaved"      # 1f1b | gpipe | interleaved
     virtual_stages = 5            # with "interleaved" (required there), or "auto" with any
                                   #   schedule: the fastest fitting v (1 = plain 1F1B)
@@ -132,7 +136,8 @@ def _parallel(f: Fields, model: ModelSpec, island: Island, global_batch: int, se
         recompute=f.get_enum("recompute", Recompute, Recompute.NONE),
         offload=f.get("offload", bool, False),
         micro_batch=f.get("micro_batch", int, 1, lo=1, hi=10**7),
-        expert_tp=f.get("expert_tp", int, None, lo=1, hi=MAX_GPUS))
+        expert_tp=f.get("expert_tp", int, None, lo=1, hi=MAX_GPUS),
+        a2a_overlap=f.get("a2a_overlap", bool, False))
     _check_total(f, cfg, island.gpus)
     auto = not f.has("micro_batch")
     schedule = f.get_enum("schedule", Schedule, Schedule.ONE_F_ONE_B)

@@ -64,13 +64,13 @@ from types import MappingProxyType
 
 from solver.cost.memory import GRAD_BF16_BYTES, GRAD_BYTES
 from solver.cost.runtime.profile import FrameworkProfile
-from solver.cost.runtime.runtime_rules import (cp_allowed, expert_parallel_sizes, job_rules,
+from solver.cost.runtime.runtime_rules import (a2a_overlap_problem, cp_allowed, expert_parallel_sizes, job_rules,
                                                loss_kernel_problem, mixed_kinds_note,
                                                precision_problem, shared_embedding_problems,
                                                tp_allowed, vendor_problem)
 from solver.spec.domain import CrossEntropyKernel, Framework, Precision, Recompute
 
-__all__ = ["PROFILES", "FrameworkProfile", "Runtime", "cp_allowed", "megatron_fsdp", "expert_parallel_sizes",
+__all__ = ["PROFILES", "FrameworkProfile", "Runtime", "a2a_overlap_problem", "cp_allowed", "megatron_fsdp", "expert_parallel_sizes",
            "interleaving_allowed", "job_runtime", "loss_kernel_problem", "megatron_interleaves",
            "mixed_kinds_note", "precision_problem", "profile", "shared_embedding_problems",
            "tp_allowed", "vendor_problem", "violations", "zero_choices"]
@@ -81,7 +81,7 @@ _MEGATRON = dict(zero_pipelined=(0, 1), zero_single=(0, 1), uniform_zero=True, o
                  ep=True, overlap_grad_reduce=True, overlap_param_gather=True,
                  tp_comm_overlap=True, zero2_per_microbatch=False, grad_bucket_params=4e7,
                  zero3_live_params=0.0, unfused_attention=False, fused_loss=True,
-                 overlap_p2p=True)
+                 overlap_p2p=True, moe_a2a_overlap=True)
 
 PROFILES = MappingProxyType({
     Framework.FLAGSCALE: FrameworkProfile(
@@ -246,6 +246,10 @@ def violations(configs, prof: FrameworkProfile, pipelined: bool, *, model=None,
                        + (f" in a plan of {len(configs)} meshes" if prof.cp else ""))
         if c.ep > 1 and not prof.ep:
             out.append(f"stage {i}: {name} runs no expert parallelism (ep {c.ep})")
+        why = c.a2a_overlap and a2a_overlap_problem(prof, model is None or model.is_moe, c.ep,
+                                                    c.recompute, pipelined)
+        if why:
+            out.append(f"stage {i}: {why}")
     return out + _uniformity(configs, prof) + job_rules(configs, prof, model, precision,
                                                        stage_gpus)
 

@@ -112,6 +112,12 @@ class FrameworkProfile:
         and the backward chunk that follows runs before the wait, and the other way round, so
         a transfer is exposed only beyond the other pass's compute. Plain 1F1B sends in
         blocking batches (``batch_p2p_comm``); Megatron-LM 2021 waited on every transfer.
+    moe_a2a_overlap : bool
+        Overlaps one micro-batch's MoE all-to-alls with another's compute: Megatron-Core's
+        ``--overlap-moe-expert-parallel-comm`` (``_add_moe_args`` in ``megatron/training/
+        arguments.py`` from core_v0.14.0; FlagScale's pin 8479eb3 has it). Its rules:
+        :func:`~solver.cost.runtime.runtime_rules.a2a_overlap_problems`; its price:
+        :func:`~solver.cost.timing.a2a_overlap_hidden`.
     """
 
     framework: Framework
@@ -141,6 +147,7 @@ class FrameworkProfile:
     zero3_reuse_params: float = 0.0
     fused_loss: bool = False
     overlap_p2p: bool = False
+    moe_a2a_overlap: bool = False
 
     def zero_stages(self, pipelined: bool) -> tuple[int, ...]:
         """ZeRO stages allowed for a stage of a multi-stage pipeline or a single stage."""

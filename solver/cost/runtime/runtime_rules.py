@@ -10,9 +10,9 @@ validator and the exporters take the rules from) and by the search space
 from __future__ import annotations
 
 from solver.cost.runtime.profile import FrameworkProfile
-from solver.spec.domain import CrossEntropyKernel, Precision
+from solver.spec.domain import CrossEntropyKernel, Precision, Recompute
 
-__all__ = ["cp_allowed", "expert_parallel_sizes", "job_rules", "loss_kernel_problem",
+__all__ = ["a2a_overlap_problem", "cp_allowed", "expert_parallel_sizes", "job_rules", "loss_kernel_problem",
            "mixed_kinds_note", "precision_problem", "shared_embedding_problems", "tp_allowed",
            "vendor_problem"]
 
@@ -121,6 +121,35 @@ def expert_parallel_sizes(prof: FrameworkProfile, experts: int, tp: int, cp: int
     if span % etp:
         return [1]
     return [e for e in range(1, experts + 1) if experts % e == 0 and (span // etp) % e == 0]
+
+
+def a2a_overlap_problem(prof: FrameworkProfile, moe: bool, ep: int, recompute: Recompute,
+                        pipelined: bool) -> str | None:
+    """Why ``prof``'s runtime cannot overlap the MoE all-to-alls of a stage (None: it can).
+
+    Megatron-Core's ``TransformerConfig.__post_init__`` (``megatron/core/transformer/
+    transformer_config.py``, core_v0.14.0 to core_v0.15.0) asserts, with
+    ``overlap_moe_expert_parallel_comm``: ``expert_model_parallel_size > 1``; the ``alltoall``
+    or ``flex`` dispatcher (the exporters set ``alltoall``); no full recomputation and no
+    recomputation method (selective recomputation runs); ``bf16`` or ``fp16`` weights (every
+    precision here is one of them, FP8 included); no ``moe_shared_expert_overlap`` (never
+    set); torch ≥ 2.6 (the launch environment's). With ``pp > 1`` it needs virtual pipeline
+    stages and runs ``combined_1f1b_schedule_for_interleaved_pipelining`` (``megatron/core/
+    pipeline_parallel/combined_1f1b.py``); the cost model prices the schedule without
+    pipelining only (``combined_1f1b_schedule_for_no_pipelining``), so a pipelined plan is
+    refused here too, said as the planner's limit.
+    """
+    name = prof.framework.value
+    if not prof.moe_a2a_overlap:
+        return f"{name} does not overlap the MoE all-to-alls"
+    if not moe or ep <= 1:
+        return "the MoE all-to-all overlap needs expert parallelism (ep > 1)"
+    if recompute is Recompute.FULL:
+        return "the MoE all-to-all overlap runs without full recomputation"
+    if pipelined:
+        return ("the MoE all-to-all overlap is priced without pipeline parallelism only "
+                "(Megatron-Core runs it with virtual stages; this planner does not price that)")
+    return None
 
 
 def loss_kernel_problem(prof: FrameworkProfile, kernel: CrossEntropyKernel) -> str | None:

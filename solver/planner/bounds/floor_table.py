@@ -58,12 +58,13 @@ from solver.compose.stage_table import (UNLIMITED, GroupRestrictions, IslandSlot
 from solver.compose.table import Position
 from solver.cost.configs import _layouts
 from solver.cost.parallelizer import kernel_calibration, stage_calibration
+from solver.cost.runtime.frameworks import a2a_overlap_problem, profile
 from solver.cost.stage import ConfigArrays, ModelSlice
 from solver.cost.least_costs import least_iterations, least_latencies
 from solver.planner.stages.candidates import TableSpec
 from solver.planner.bounds.floors import kernel_floor
 from solver.planner.stages.runs import PlanningRun
-from solver.spec.domain import Island
+from solver.spec.domain import Island, Recompute
 
 __all__ = ["GroupFloors", "gemm_shapes", "floor_table", "relaxed_cuts", "floor_cuts"]
 
@@ -186,15 +187,22 @@ def _group_layouts(run: PlanningRun, group: Island) -> np.ndarray:
 
 def _layout_configs(run: PlanningRun, layouts: np.ndarray) -> ConfigArrays:
     """The ``layouts`` (:func:`_group_layouts`) at every ZeRO stage the run's features name
-    (and 0; more stages only lower the floors), without recomputation or offload."""
+    (and 0; more stages only lower the floors), without recomputation or offload, with the MoE
+    all-to-all overlap wherever the runtime could run it (it only shortens a micro-batch)."""
     stages = np.asarray(sorted(set(run.features.zero) | {0}), dtype=np.int64)
     rows = np.repeat(layouts, stages.size, axis=0)
     tp, cp, _, dp, ep, etp = rows.T
     nothing = np.zeros_like(tp)
+    framework = run.cache.context.framework
+    moe = run.job.model.is_moe and run.features.ep and framework is not None
+    a2a = np.array([moe and a2a_overlap_problem(profile(framework), True, int(e),
+                                                Recompute.NONE, False) is None for e in ep],
+                   dtype=bool)
     return ConfigArrays(tp=tp, cp=cp, ep=ep, pp=np.ones_like(tp), dp=dp, expert_tp=etp,
                         zero=np.where(dp * cp > 1, np.tile(stages, len(layouts)), 0),
                         recompute=nothing, offload=nothing.astype(bool),
-                        micro_batch=run.cache.context.micro_batch // np.maximum(dp, 1))
+                        micro_batch=run.cache.context.micro_batch // np.maximum(dp, 1),
+                        a2a_overlap=a2a)
 
 
 def gemm_shapes(run: PlanningRun, layouts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -36,7 +36,7 @@ import numpy as np
 from solver.cost.calibrate.calibration import BOUNDS
 from solver.cost.efficiency import Calibration, GemmKernel
 from solver.cost.parallelizer import kernel_calibration
-from solver.cost.stage_costs import attention_flops_per_token, model_flops_per_token
+from solver.cost.flops import attention_flops_per_token, model_flops_per_token
 from solver.planner.pruning import precision_speedup
 from solver.spec.domain import Island, JobSpec, ModelSpec, Precision
 

@@ -23,7 +23,8 @@ Korthikanti et al. 2022 for activations, recounted for GQA, gated MLPs, MoE, Fla
   recomputation), MLP ``4h`` plus ``6f`` (gated) or ``4f``, MoE ``4h + 4E`` plus the routed
   copies ``cf·k·(4h + 6f_e)`` and shared experts; tokens per GPU ``b s / (cp tp)``; times the
   micro-batches in flight (1F1B: ``min(P − j, n)`` at sub-stage ``j`` of ``P``; interleaved:
-  ``min(2(P − j − 1) + (v − 1)P + 1, n v) / v``); one recomputed layer's working set under full
+  ``min(2(P − j − 1) + (v − 1)P + 1, n v) / v``; with the MoE all-to-all overlap one layer's
+  more); one recomputed layer's working set under full
   recomputation; offload keeps one micro-batch in HBM; the head stage adds ``4h`` per token per
   micro-batch held and one micro-batch of logits at the loss: the 16-bit ones beside the fp32
   copy Megatron-LM's unfused cross entropy keeps (6 bytes each), or the 16-bit ones alone under
@@ -204,6 +205,8 @@ def plan_memory_gb(plan, cf: float, flash_by_stage: list[bool]) -> list[float]:
             emb = s.start == 0 and j == 0
             head = s.end == job.model.layers and j == c.pp - 1
             held = held_micro_batches(j0 + j, depth, n, v)
+            if c.a2a_overlap:  # a forward layer stores before its backward twin frees
+                held += 1.0 / max(count, 1)
             worst = max(worst, substage_bytes(
                 job.model, job.training.seq_len, c, count, emb, head, held, flash=flash,
                 framework=job.planner.framework, fp8=fp8, cf=cf,

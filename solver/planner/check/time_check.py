@@ -278,7 +278,34 @@ def _substage(st: _Setup, c: StageConfig, layers: int, emb: bool, head: bool,
     under = 1.0 if st.profile.overlap_p2p and round(p2p_factor) > 1 and st.overlap else 0.0
     fwd = fwd_work + fwd_comm + z_fwd + off_f + max(p2p - under * bwd_work, 0.0)
     bwd = bwd_work + bwd_comm + z_bwd + off_b + max(p2p - under * fwd_work, 0.0)
-    return fwd + bwd, dp_s, opt_s
+    edge = layers * _a2a_hidden(st, c, n) if c.a2a_overlap and st.overlap else 0.0
+    return fwd + bwd - edge, dp_s + edge, opt_s
+
+
+def _a2a_hidden(st: _Setup, c: StageConfig, n: float) -> float:
+    """Seconds per layer and micro-batch the MoE all-to-all overlap hides: a forward beside the
+    previous micro-batch's backward, each all-to-all beside one compute block of the other pass
+    (combine-bwd / attention-fwd, dispatch-fwd / experts-bwd, dispatch-bwd / experts-fwd,
+    combine-fwd / attention-bwd); the first forward and last backward alone pay it once."""
+    m = st.model
+    if not m.is_moe:
+        return 0.0
+    work_f, comm_f, work_b, comm_b = _layer(st, c, n)
+    routed = c.etp * n / c.tp * m.top_k * c.ep / m.experts * st.calib.moe_capacity_factor
+    experts = _mlp_gemms(st, c.etp, routed, m.expert_ffn, m.experts / c.ep)
+    if m.shared_experts:
+        experts += _mlp_gemms(st, c.tp, n, m.shared_experts * m.expert_ffn, 1.0)
+    if m.experts > c.ep:
+        experts += _SORT_BYTES * c.etp * n / c.tp * m.top_k * st.calib.moe_capacity_factor \
+            * m.hidden / st.gpu.hbm
+    experts += _expert_bias(st, c, n)[0]
+    sent = 2.0 * n * m.top_k * m.hidden / c.tp * st.calib.moe_capacity_factor
+    e = all_to_all(st.gpu, sent, c.etp, c.ep)
+    attn_f = work_f + comm_f - 2 * e - experts
+    attn_b = work_b + comm_b - 2 * e - 2 * experts
+    apart = attn_f + attn_b + 3 * experts + 4 * e
+    together = max(attn_f, e) + max(2 * experts, e) + max(experts, e) + max(attn_b, e)
+    return max(apart - together, 0.0)
 
 
 def substage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageConfig,
@@ -321,7 +348,8 @@ def substage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageC
     -------
     tuple[float, float, float]
         Forward plus backward seconds per micro-batch, exposed data-parallel sync seconds per
-        iteration, optimizer-step seconds per iteration.
+        iteration (with the MoE all-to-all overlap, its exposed all-to-alls added),
+        optimizer-step seconds per iteration.
     """
     st = _setup(model, seq_len, island, calib, profile, precision, overlap, grad_bytes,
                fp8_params, loss)

@@ -195,6 +195,9 @@ def _constraints(plan: Plan, job: JobSpec) -> list[str]:
             out.append(f"stage {i}: recompute {k.recompute.value} is not allowed")
         if c.offload is False and k.offload:
             out.append(f"stage {i}: offload is not allowed")
+        if c.a2a_overlap is False and k.a2a_overlap:
+            out.append(f"stage {i}: the MoE all-to-all overlap is not allowed "
+                       "(constraints.a2a_overlap)")
         if not c.allows_island(s.island):
             out.append(f"stage {i}: island {s.island.name} is left out by the constraints")
     depth = sum(s.plan.config.pp for s in plan.stages)

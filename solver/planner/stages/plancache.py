@@ -51,7 +51,7 @@ from solver.spec.domain import Island, ModelSpec, Recompute
 from solver.spec.fields import write_atomic
 
 #: Version of the entry format and of the key's meaning; bump when either changes.
-CACHE_FORMAT = 6
+CACHE_FORMAT = 7
 #: Version of the cost model's semantics, bumped by hand when results change for the same inputs
 #: in a way the code fingerprint below cannot see (e.g. a new data file the model reads).
 COST_MODEL_VERSION = 4
@@ -62,7 +62,8 @@ COST_MODEL_MODULES = ("solver.cost.parallelizer", "solver.cost.partial", "solver
                       "solver.cost.stage_options", "solver.cost.runtime.frameworks",
                       "solver.cost.recompute_layers", "solver.cost.runtime.runtime_rules",
                       "solver.cost.reserve", "solver.cost.fp8_casts",
-                      "solver.cost.runtime.profile", "solver.spec.enums")
+                      "solver.cost.runtime.profile", "solver.spec.enums",
+                      "solver.cost.a2a_overlap")
 
 
 def default_cache_dir() -> Path:
@@ -170,7 +171,7 @@ PLAN_COLUMNS = ("tp", "cp", "ep", "pp", "dp", "zero", "recompute", "offload", "m
                 "latency_s", "fwd_s", "bwd_s", "iteration_s", "memory_gb", "memory_params",
                 "memory_grads", "memory_optimizer", "memory_activations", "layout",
                 "stage_latencies", "max_in_flight", "recompute_layers", "expert_tp",
-                "memory_fragmentation", "optimizer_s", "p2p_s")
+                "memory_fragmentation", "optimizer_s", "p2p_s", "a2a_overlap")
 _RECOMPUTE = MappingProxyType({r.value: r for r in Recompute})
 
 
@@ -181,15 +182,17 @@ def plan_to_row(p: PartialPlan) -> list[Any]:
     return [c.tp, c.cp, c.ep, c.pp, c.dp, c.zero, c.recompute.value, c.offload, c.micro_batch,
             p.latency_s, p.fwd_s, p.bwd_s, p.iteration_s, p.memory_gb, m.params, m.grads,
             m.optimizer, m.activations, list(p.layout), list(p.stage_latencies), p.max_in_flight,
-            c.recompute_layers, c.expert_tp, m.fragmentation, p.optimizer_s, p.p2p_s]
+            c.recompute_layers, c.expert_tp, m.fragmentation, p.optimizer_s, p.p2p_s,
+            c.a2a_overlap]
 
 
 def plan_from_row(row: list[Any]) -> PartialPlan:
     """Inverse of :func:`plan_to_row` (raises ValueError/KeyError/TypeError on bad data)."""
     (tp, cp, ep, pp, dp, zero, rc, offload, mb, lat, fwd, bwd, it, mem, m_p, m_g, m_o, m_a,
-     layout, subs, held, k, etp, m_f, opt, p2p) = row
+     layout, subs, held, k, etp, m_f, opt, p2p, a2a) = row
     config = StageConfig(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, zero=zero, recompute=_RECOMPUTE[rc],
-                         offload=offload, micro_batch=mb, recompute_layers=k, expert_tp=etp)
+                         offload=offload, micro_batch=mb, recompute_layers=k, expert_tp=etp,
+                         a2a_overlap=a2a)
     return PartialPlan(config=config, latency_s=lat, fwd_s=fwd, bwd_s=bwd, iteration_s=it,
                        memory_gb=mem, memory=MemoryBreakdown(m_p, m_g, m_o, m_a, m_f),
                        layout=tuple(layout), stage_latencies=tuple(subs), max_in_flight=held,

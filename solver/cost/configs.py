@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.cost.runtime.frameworks import (a2a_overlap_problem, cp_allowed, expert_parallel_sizes, megatron_interleaves,
-                                    profile, tp_allowed, zero_choices)
+from solver.cost.runtime.frameworks import (a2a_overlap_problem, cp_allowed,
+                                            expert_parallel_sizes, megatron_interleaves,
+                                            profile, tp_allowed, zero_choices)
 from solver.cost.partial import PlanContext
 from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, ModelSlice
 from solver.spec.domain import (Constraints, FeaturePreset, Framework, Island, ModelSpec, Recompute,
@@ -204,10 +205,13 @@ def _with_a2a_overlap(cfg: ConfigArrays, slc: ModelSlice, ctx: PlanContext, feat
         return cfg
     prof = profile(ctx.framework)
     piped = (np.asarray(cfg.pp) > 1) | (not slc.is_whole)
+    fsdp = (np.asarray(cfg.zero) == 3) & (cfg.dp * cfg.cp > 1) & (
+        ctx.framework is Framework.MEGATRON_CORE)  # Megatron-FSDP (frameworks.megatron_fsdp)
     rows = np.zeros(len(cfg), dtype=bool)
-    for e, r, p in {(int(e), int(r), bool(p)) for e, r, p in zip(cfg.ep, cfg.recompute, piped)}:
-        if a2a_overlap_problem(prof, True, e, RECOMPUTE_CODES[r], p) is None:
-            rows |= (cfg.ep == e) & (cfg.recompute == r) & (piped == p)
+    for key in set(zip(cfg.ep.tolist(), cfg.recompute.tolist(), piped.tolist(), fsdp.tolist())):
+        e, r, p, z = key
+        if a2a_overlap_problem(prof, True, e, RECOMPUTE_CODES[r], p, z) is None:
+            rows |= (cfg.ep == e) & (cfg.recompute == r) & (piped == p) & (fsdp == z)
     if not rows.any():
         return cfg
     extra = cfg.take(rows)

@@ -165,3 +165,13 @@ def test_all_to_all_across_nodes_hides_in_part():
                                    profile=Runtime().profile)
     assert subs[0] == pytest.approx(float(costs.latency_s[0]), rel=1e-9)
     assert per_iter == pytest.approx(float(costs.iteration_s[0]), rel=1e-9)
+
+
+def test_not_with_megatron_fsdp():
+    """Megatron-Core does not refuse the overlap with Megatron-FSDP, but the combined schedule
+    holds two layers' gathered weights, which the ZeRO-3 memory term does not count: the
+    planner leaves the pair out and says why."""
+    cfg = StageConfig(tp=1, dp=8, ep=8, zero=3, a2a_overlap=True)
+    assert violations([cfg], MCORE, False, model=MOE) == [
+        "stage 0: the MoE all-to-all overlap is priced without Megatron-FSDP only (two "
+        "layers' gathered weights at once are not counted)"]

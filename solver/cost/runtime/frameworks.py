@@ -247,7 +247,8 @@ def violations(configs, prof: FrameworkProfile, pipelined: bool, *, model=None,
         if c.ep > 1 and not prof.ep:
             out.append(f"stage {i}: {name} runs no expert parallelism (ep {c.ep})")
         why = c.a2a_overlap and a2a_overlap_problem(prof, model is None or model.is_moe, c.ep,
-                                                    c.recompute, pipelined)
+                                                    c.recompute, pipelined,
+                                                    megatron_fsdp(prof.framework, c))
         if why:
             out.append(f"stage {i}: {why}")
     return out + _uniformity(configs, prof) + job_rules(configs, prof, model, precision,

@@ -124,7 +124,7 @@ def expert_parallel_sizes(prof: FrameworkProfile, experts: int, tp: int, cp: int
 
 
 def a2a_overlap_problem(prof: FrameworkProfile, moe: bool, ep: int, recompute: Recompute,
-                        pipelined: bool) -> str | None:
+                        pipelined: bool, fsdp: bool = False) -> str | None:
     """Why ``prof``'s runtime cannot overlap the MoE all-to-alls of a stage (None: it can).
 
     Megatron-Core's ``TransformerConfig.__post_init__`` (``megatron/core/transformer/
@@ -137,7 +137,10 @@ def a2a_overlap_problem(prof: FrameworkProfile, moe: bool, ep: int, recompute: R
     stages and runs ``combined_1f1b_schedule_for_interleaved_pipelining`` (``megatron/core/
     pipeline_parallel/combined_1f1b.py``); the cost model prices the schedule without
     pipelining only (``combined_1f1b_schedule_for_no_pipelining``), so a pipelined plan is
-    refused here too, said as the planner's limit.
+    refused here too, said as the planner's limit. So is Megatron-FSDP (``fsdp``), which
+    Megatron-Core does not refuse with it: the combined schedule runs forward layer ``i``
+    beside backward layer ``L - 1 - i``, two layers' gathered weights at once, which the
+    ZeRO-3 memory term does not count.
     """
     name = prof.framework.value
     if not prof.moe_a2a_overlap:
@@ -149,6 +152,9 @@ def a2a_overlap_problem(prof: FrameworkProfile, moe: bool, ep: int, recompute: R
     if pipelined:
         return ("the MoE all-to-all overlap is priced without pipeline parallelism only "
                 "(Megatron-Core runs it with virtual stages; this planner does not price that)")
+    if fsdp:
+        return ("the MoE all-to-all overlap is priced without Megatron-FSDP only (two layers' "
+                "gathered weights at once are not counted)")
     return None
 
 

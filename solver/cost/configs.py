@@ -198,7 +198,7 @@ def _with_a2a_overlap(cfg: ConfigArrays, slc: ModelSlice, ctx: PlanContext, feat
     """``cfg`` followed by a copy, with the MoE all-to-all overlap on, of every row whose
     runtime runs it (:func:`~solver.cost.runtime.runtime_rules.a2a_overlap_problem`; a row of a
     single-stage plan is a whole-model slice without internal pipelining). Not dominated: the
-    overlap holds one more layer's activations (:func:`~solver.cost.timing.a2a_overlap_hidden`).
+    overlap holds one more layer's activations (:mod:`solver.cost.a2a_overlap`).
     ``[constraints] a2a_overlap = false`` leaves it out."""
     if (ctx.framework is None or not feats.ep or not slc.model.is_moe
             or (ctx.constraints is not None and ctx.constraints.a2a_overlap is False)):

@@ -103,7 +103,7 @@ class StageConfig:
         Megatron-Core's MoE all-to-all overlap (``--overlap-moe-expert-parallel-comm``): one
         micro-batch's forward runs layer by layer beside the previous one's backward, each one's
         dispatch and combine under the other's compute
-        (:func:`~solver.cost.timing.a2a_overlap_hidden`). Only where the runtime runs it
+        (:func:`~solver.cost.a2a_overlap.a2a_overlap_hidden`). Only where the runtime runs it
         (:func:`~solver.cost.runtime.runtime_rules.a2a_overlap_problems`).
     """
 

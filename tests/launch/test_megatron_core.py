@@ -161,24 +161,13 @@ CORE_JOBS = ["seed-llama3-70b", "mixtral-a100-h100", "v100-a100-llama2-13b",
              "gpt3-175b-three-gen-512"]
 
 
-#: Mixtral 8x7B's shape on two DGX H100 under Megatron-Core: one stage at EP 8 with the MoE
-#: all-to-all overlap (``TransformerConfig.__post_init__`` checks its rules).
-A2A_JOB = """model = { layers = 16, hidden = 4096, ffn = 14336, heads = 32, kv_heads = 8, vocab = 32000, experts = 8, top_k = 2, expert_ffn = 14336 }
-cluster = { nodes = [ { gpu = "H100-SXM-80GB", count = 2, name = "x" } ] }
-[training]
-global_batch = 128
-seq_len = 4096
-[planner]
-framework = "megatron-core"
-"""
-
-
 def _job(name, tmp_path):
     from pathlib import Path
     from solver.spec.domain import Framework
-    if name == "a2a":
+    if name == "a2a":  # one stage at EP 8 with the MoE all-to-all overlap
+        from tests.planner.test_a2a_overlap_plan import JOB
         path = tmp_path / "a2a.toml"
-        path.write_text(A2A_JOB)
+        path.write_text(JOB % ("megatron-core", ""))
         return load_job(path)
     if name in ("moe", "qwen2"):
         path = tmp_path / f"{name}.toml"

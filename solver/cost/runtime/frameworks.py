@@ -70,10 +70,11 @@ from solver.cost.runtime.runtime_rules import (a2a_overlap_problem, cp_allowed, 
                                                tp_allowed, vendor_problem)
 from solver.spec.domain import CrossEntropyKernel, Framework, Precision, Recompute
 
-__all__ = ["PROFILES", "FrameworkProfile", "Runtime", "a2a_overlap_problem", "cp_allowed", "megatron_fsdp", "expert_parallel_sizes",
-           "interleaving_allowed", "job_runtime", "loss_kernel_problem", "megatron_interleaves",
-           "mixed_kinds_note", "precision_problem", "profile", "shared_embedding_problems",
-           "tp_allowed", "vendor_problem", "violations", "zero_choices"]
+__all__ = ["PROFILES", "FrameworkProfile", "Runtime", "a2a_overlap_problem", "cp_allowed",
+           "megatron_fsdp", "expert_parallel_sizes", "interleaving_allowed", "job_runtime",
+           "loss_kernel_problem", "megatron_interleaves", "mixed_kinds_note", "precision_problem",
+           "profile", "shared_embedding_problems", "tp_allowed", "vendor_problem", "violations",
+           "zero_choices"]
 
 
 _ALL_RC = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)

@@ -117,7 +117,7 @@ class FrameworkProfile:
         ``--overlap-moe-expert-parallel-comm`` (``_add_moe_args`` in ``megatron/training/
         arguments.py`` from core_v0.14.0; FlagScale's pin 8479eb3 has it). Its rules:
         :func:`~solver.cost.runtime.runtime_rules.a2a_overlap_problems`; its price:
-        :func:`~solver.cost.timing.a2a_overlap_hidden`.
+        :func:`~solver.cost.a2a_overlap.a2a_overlap_hidden`.
     """
 
     framework: Framework

@@ -12,9 +12,9 @@ from __future__ import annotations
 from solver.cost.runtime.profile import FrameworkProfile
 from solver.spec.domain import CrossEntropyKernel, Precision, Recompute
 
-__all__ = ["a2a_overlap_problem", "cp_allowed", "expert_parallel_sizes", "job_rules", "loss_kernel_problem",
-           "mixed_kinds_note", "precision_problem", "shared_embedding_problems", "tp_allowed",
-           "vendor_problem"]
+__all__ = ["a2a_overlap_problem", "cp_allowed", "expert_parallel_sizes", "job_rules",
+           "loss_kernel_problem", "mixed_kinds_note", "precision_problem",
+           "shared_embedding_problems", "tp_allowed", "vendor_problem"]
 
 
 def job_rules(configs, prof: "FrameworkProfile", model=None, precision=None,

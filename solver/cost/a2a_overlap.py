@@ -31,8 +31,19 @@ other (no SM contention, as the cost model's other overlaps). An iteration of ``
 micro-batches then takes ``n (f + b) - (n - 1) H_stage``: the stage's latency is
 ``f + b - H_stage`` and the first forward's and the last backward's exposed all-to-alls,
 ``H_stage``, are a per-iteration term.
-Memory: forward layer ``i`` stores its activations before backward layer ``L - 1 - i`` frees
-its own, so a pair holds one layer's activations more than one micro-batch
+
+With pipeline stages Megatron-Core requires virtual ones and runs
+``combined_1f1b_schedule_for_interleaved_pipelining``: every rank runs one warm-up forward
+more (``get_pp_rank_microbatches``), and each steady step pairs a chunk's forward with
+another chunk's backward the same way, while the warm-up forwards and cool-down backwards run
+alone. For ``p`` equal ranks of ``v`` chunks, ``n`` micro-batches and ``H`` hidden per rank
+and micro-batch, the simulator (:mod:`solver.schedule.simulator`, ``overlap_hidden_s``)
+gives ``n (τ − H) + (p − 1)(τ − H)/v + p H``: the interleaved closed form at the latency
+``τ − H`` plus ``p H`` per iteration (``tests/schedule/test_a2a_overlap_sim.py``), which is
+how the stage is priced (``p = 1``: the case above). Memory: forward layer ``i`` stores its
+activations before backward layer ``L - 1 - i`` frees its own, so a pair holds one layer's
+activations more; interleaved, the extra warm-up forward takes the place of the steady
+forward that runs before its backward without the overlap, so no more chunks are held
 (:func:`held_micro_batches`).
 """
 
@@ -87,6 +98,8 @@ def a2a_overlap_hidden(ti: TimeInputs, cfg: ConfigArrays, n: np.ndarray, fwd: Co
 def held_micro_batches(cfg: ConfigArrays, in_flight: np.ndarray, layers: np.ndarray
                        ) -> np.ndarray:
     """Micro-batches of activations held with the overlap: one layer's more than ``in_flight``
-    (module docstring)."""
+    (module docstring; interleaved, the extra warm-up forward takes the place of the steady
+    forward that runs before its backward without the overlap, so the chunks held are as
+    many)."""
     extra = np.where(np.asarray(cfg.a2a_overlap, dtype=bool), 1.0 / np.maximum(layers, 1), 0.0)
     return in_flight + extra

@@ -196,21 +196,23 @@ def enumerate_configs(slc: ModelSlice, island: Island, ctx: PlanContext, feats: 
 def _with_a2a_overlap(cfg: ConfigArrays, slc: ModelSlice, ctx: PlanContext, feats: FeatureSet
                       ) -> ConfigArrays:
     """``cfg`` followed by a copy, with the MoE all-to-all overlap on, of every row whose
-    runtime runs it (:func:`~solver.cost.runtime.runtime_rules.a2a_overlap_problem`; a row of a
-    single-stage plan is a whole-model slice without internal pipelining). Not dominated: the
-    overlap holds one more layer's activations (:mod:`solver.cost.a2a_overlap`).
+    runtime runs it (:func:`~solver.cost.runtime.runtime_rules.a2a_overlap_problem`): a
+    whole-model slice (one mesh) without internal pipelining, or with it under the interleaved
+    schedule. Not dominated: the overlap holds more activations (:mod:`solver.cost.a2a_overlap`).
     ``[constraints] a2a_overlap = false`` leaves it out."""
     if (ctx.framework is None or not feats.ep or not slc.model.is_moe
             or (ctx.constraints is not None and ctx.constraints.a2a_overlap is False)):
         return cfg
     prof = profile(ctx.framework)
     piped = (np.asarray(cfg.pp) > 1) | (not slc.is_whole)
+    interleaved = ctx.schedule is Schedule.INTERLEAVED and slc.is_whole
+    v = ctx.virtual_stages if interleaved else 1
     fsdp = (np.asarray(cfg.zero) == 3) & (cfg.dp * cfg.cp > 1) & (
         ctx.framework is Framework.MEGATRON_CORE)  # Megatron-FSDP (frameworks.megatron_fsdp)
     rows = np.zeros(len(cfg), dtype=bool)
     for key in set(zip(cfg.ep.tolist(), cfg.recompute.tolist(), piped.tolist(), fsdp.tolist())):
         e, r, p, z = key
-        if a2a_overlap_problem(prof, True, e, RECOMPUTE_CODES[r], p, z) is None:
+        if a2a_overlap_problem(prof, True, e, RECOMPUTE_CODES[r], p, z, v) is None:
             rows |= (cfg.ep == e) & (cfg.recompute == r) & (piped == p) & (fsdp == z)
     if not rows.any():
         return cfg

@@ -24,7 +24,7 @@ from solver.cost.sync import _zero_and_sync
 from solver.cost.timing import embedding_times, head_times, layer_times, tokens_per_gpu
 from solver.spec.domain import Island, ModelSpec
 
-__all__ = ["layer_latencies", "least_latencies", "least_iterations"]
+__all__ = ["a2a_ceiling", "layer_latencies", "least_latencies", "least_iterations"]
 
 
 def layer_latencies(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigArrays,
@@ -36,6 +36,16 @@ def layer_latencies(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigA
     (:func:`least_latencies`)."""
     ti, plain = _without_recomputation(model, island, seq_len, cfg, calib, runtime)
     return _overlapped_layer(ti, plain)
+
+
+def a2a_ceiling(model: ModelSpec, island: Island, seq_len: int, cfg: ConfigArrays,
+                calib: Calibration = DEFAULT_CALIBRATION,
+                runtime: Runtime = Runtime()) -> np.ndarray:
+    """Per configuration, the most the MoE all-to-all overlap can hide per layer and
+    micro-batch: its four all-to-alls (:mod:`solver.cost.a2a_overlap`, ``H <= 4 e``), the same
+    for every recomputation and chunk count of the layout (0 for a dense model)."""
+    ti, plain = _without_recomputation(model, island, seq_len, cfg, calib, runtime)
+    return 2.0 * layer_times(ti, plain)[0].ep
 
 
 def _overlapped_layer(ti, cfg: ConfigArrays) -> np.ndarray:

@@ -193,8 +193,8 @@ def _check(plan: Plan, ms: list[Mesh], hetero: bool) -> None:
     if not hetero:
         return
     if any(m.a2a_overlap for m in ms):
-        raise NotExpressible("the MoE all-to-all overlap is planned for one mesh without "
-                             "pipelining; hetero mode pipelines")
+        raise NotExpressible("the MoE all-to-all overlap with pipeline stages needs virtual "
+                             "ones, which hetero mode rejects (pre_validate_args)")
     if len(ms) == 1 and (plan.virtual_stages > 1 or ms[0].cp > 1):
         raise NotExpressible("the stages recompute differently, which FlagScale reads only in "
                              "hetero mode (initialize.py patch: post_validate_args runs with "

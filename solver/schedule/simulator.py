@@ -33,9 +33,11 @@ Where the closed form is exact and where it is not:
 from __future__ import annotations
 
 import enum
-import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Hashable
+
+from solver.schedule.list_schedule import Op as _Op
+from solver.schedule.list_schedule import run as _run
 
 
 class ScheduleKind(enum.Enum):
@@ -96,6 +98,14 @@ class PipelineSpec:
         Chunks per stage (interleaved only; each runs ``1/v`` of the stage's time).
     wrap_link_s : float
         Interleaved only: round trip between the last stage and the first (chunk hand-over).
+    overlap_hidden_s : tuple[float, ...]
+        Megatron-Core's MoE all-to-all overlap (empty: off): per stage, the seconds per
+        micro-batch it hides. Every stage runs one more warm-up forward, and each steady-state
+        forward runs with its backward as one step of ``f + b - hidden`` (per chunk), which
+        starts once both have their inputs and hands both outputs on at its end
+        (``combined_1f1b_schedule_for_interleaved_pipelining`` / ``..._for_no_pipelining``,
+        ``megatron/core/pipeline_parallel/combined_1f1b.py``). With pipeline stages it needs
+        the interleaved schedule, as Megatron-Core does.
     """
 
     fwd_s: tuple[float, ...]
@@ -107,6 +117,7 @@ class PipelineSpec:
     duplex: LinkDuplex = LinkDuplex.HALF
     virtual_stages: int = 1
     wrap_link_s: float = 0.0
+    overlap_hidden_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         p = len(self.fwd_s)
@@ -121,6 +132,10 @@ class PipelineSpec:
             raise ValueError("interleaved 1F1B needs virtual_stages >= 2 and P | n_micro")
         if not interleaved and self.virtual_stages != 1:
             raise ValueError("virtual_stages > 1 needs the interleaved schedule")
+        if self.overlap_hidden_s and (len(self.overlap_hidden_s) != p or (
+                p > 1 and not interleaved) or self.schedule is ScheduleKind.GPIPE):
+            raise ValueError("the all-to-all overlap needs one hidden time per stage and, with "
+                             "several stages, the interleaved schedule")
 
     @property
     def stages(self) -> int:
@@ -197,14 +212,23 @@ class SimResult:
 
 def program(spec: PipelineSpec, stage: int) -> list[tuple[EventKind, int, int]]:
     """Compute operations ``(kind, micro, chunk)`` of ``stage`` in its schedule's order."""
+    warm, steady, cool = _phases(spec, stage)
+    return warm + [op for pair in steady for op in pair] + cool
+
+
+def _phases(spec: PipelineSpec, stage: int) -> tuple[list, list, list]:
+    """Warm-up forwards, steady (forward, backward) pairs and cool-down backwards of
+    ``stage`` (the overlap adds a warm-up forward, Megatron-Core's ``get_pp_rank_microbatches``
+    with ``overlap_moe_expert_parallel_comm``)."""
     p, n, v = spec.stages, spec.n_micro, spec.virtual_stages
+    more = 1 if spec.overlap_hidden_s else 0
     F, B = EventKind.FORWARD, EventKind.BACKWARD
     if spec.schedule is ScheduleKind.GPIPE:
-        return [(F, m, 0) for m in range(n)] + [(B, m, 0) for m in range(n)]
+        return [(F, m, 0) for m in range(n)], [], [(B, m, 0) for m in range(n)]
     if spec.schedule is ScheduleKind.ONE_F_ONE_B:
         fwd = [(F, m, 0) for m in range(n)]
         bwd = [(B, m, 0) for m in range(n)]
-        warm = min(p - stage - 1, n)
+        warm = min(p - stage - 1 + more, n)
     else:
         # Megatron-LM's interleaved order: groups of P micro-batches per chunk, chunks ascending
         # forward and descending backward; 2 (P − i − 1) + (v − 1) P warm-up units.
@@ -212,23 +236,8 @@ def program(spec: PipelineSpec, stage: int) -> list[tuple[EventKind, int, int]]:
         micro = [(k // (p * v)) * p + k % p for k in units]
         fwd = [(F, micro[k], (k // p) % v) for k in units]
         bwd = [(B, micro[k], v - 1 - (k // p) % v) for k in units]
-        warm = min(2 * (p - stage - 1) + (v - 1) * p, n * v)
-    steady = [op for pair in zip(fwd[warm:], bwd) for op in pair]
-    return fwd[:warm] + steady + bwd[len(fwd) - warm:]
-
-
-@dataclass(frozen=True)
-class _Op:
-    """One schedulable operation (internal)."""
-
-    kind: EventKind
-    stage: int
-    micro: int
-    chunk: int
-    duration: float
-    resources: tuple[Hashable, ...]
-    deps: tuple[int, ...]
-    owner: int | None   # the stage whose program order it follows (None: FIFO on its link)
+        warm = min(2 * (p - stage - 1) + (v - 1) * p + more, n * v)
+    return fwd[:warm], list(zip(fwd[warm:], bwd)), bwd[len(fwd) - warm:]
 
 
 def simulate(spec: PipelineSpec) -> SimResult:
@@ -256,7 +265,26 @@ def _build(spec: PipelineSpec) -> tuple[list[_Op], dict[int, list[int]]]:
     keys += [(kind, s, m) for kind in (EventKind.SEND_ACTIVATION, EventKind.SEND_GRADIENT)
              for s in range(last) if _boundary(spec, s)[1] > 0 for m in range(spec.n_micro)]
     ids = {key: j for j, key in enumerate(keys)}
-    return [_make_op(spec, key, ids) for key in keys], _programs(spec, ids)
+    ops = [_make_op(spec, key, ids) for key in keys]
+    if spec.overlap_hidden_s:
+        _combine_steady(spec, ops, ids)
+    return ops, _programs(spec, ids)
+
+
+def _combine_steady(spec: PipelineSpec, ops: list[_Op], ids: dict[tuple, int]) -> None:
+    """Each steady (forward, backward) pair as one step (``PipelineSpec.overlap_hidden_s``):
+    the forward takes the step's time and waits for the backward's inputs too; the backward
+    then ends with it."""
+    p, v = spec.stages, spec.virtual_stages
+    F, B = EventKind.FORWARD, EventKind.BACKWARD
+    for dev in range(p):
+        for (_, mf, cf), (_, mb, cb) in _phases(spec, dev)[1]:
+            f, b = ids[(F, cf * p + dev, mf)], ids[(B, cb * p + dev, mb)]
+            own = ids[(F, cb * p + dev, mb)]
+            inputs = tuple(d for d in ops[b].deps if d != own)
+            ops[f] = replace(ops[f], deps=ops[f].deps + inputs, duration=(
+                ops[f].duration + ops[b].duration - spec.overlap_hidden_s[dev] / v))
+            ops[b] = replace(ops[b], duration=0.0)
 
 
 def _make_op(spec: PipelineSpec, key: tuple, ids: dict[tuple, int]) -> _Op:
@@ -301,80 +329,6 @@ def _programs(spec: PipelineSpec, ids: dict[tuple, int]) -> dict[int, list[int]]
                 seq.append(ids[send])
         out[dev] = seq
     return out
-
-
-def _run(ops: list[_Op], programs: dict[int, list[int]]) -> list[tuple[float, float]]:
-    """List scheduling driven by completion events; returns (start, end) per operation."""
-    waiting = [len(o.deps) for o in ops]
-    dependents: list[list[int]] = [[] for _ in ops]
-    for j, o in enumerate(ops):
-        for d in o.deps:
-            dependents[d].append(j)
-    run = _Scheduler(ops, programs)
-    run.release([j for j, w in enumerate(waiting) if w == 0], 0.0)
-    done = 0
-    while run.start_all():
-        for j in run.finish_next():
-            done += 1
-            for d in dependents[j]:
-                waiting[d] -= 1
-            run.release([d for d in dependents[j] if waiting[d] == 0], run.now)
-    if done != len(ops):
-        raise RuntimeError(f"schedule deadlocked after {done} of {len(ops)} operations")
-    return run.times
-
-
-class _Scheduler:
-    """Mutable state of one simulation (internal): a stage starts the next operation of its
-    program once its inputs are in; a link serves ready asynchronous sends first come, first
-    served (ties: creation order)."""
-
-    def __init__(self, ops: list[_Op], programs: dict[int, list[int]]) -> None:
-        self.ops, self.programs = ops, programs
-        self.head = dict.fromkeys(programs, 0)
-        self.ready: dict[int, float] = {}           # owned operations whose inputs are in
-        self.queues: dict[Hashable, list] = {}      # per link channel: (ready time, id) heap
-        self.busy: set[Hashable] = set()
-        self.times: list[tuple[float, float]] = [(0.0, 0.0)] * len(ops)
-        self.running: list[tuple[float, int]] = []  # (end, id) heap
-        self.now = 0.0
-
-    def release(self, ids: list[int], t: float) -> None:
-        """Operations whose inputs are all in at ``t``."""
-        for j in ids:
-            if self.ops[j].owner is None:
-                heapq.heappush(self.queues.setdefault(self.ops[j].resources[0], []), (t, j))
-            else:
-                self.ready[j] = t
-
-    def start_all(self) -> bool:
-        """Start what can start now, earliest ready first; False when nothing is running."""
-        cands = [(self.ready[prog[i]], prog[i]) for dev, prog in self.programs.items()
-                 if (i := self.head[dev]) < len(prog) and prog[i] in self.ready]
-        cands += [q[0] for q in self.queues.values() if q]
-        for _, j in sorted(cands):
-            o = self.ops[j]
-            if not self.busy.isdisjoint(o.resources):
-                continue
-            self.busy.update(o.resources)
-            if o.owner is None:
-                heapq.heappop(self.queues[o.resources[0]])
-            else:
-                self.head[o.owner] += 1
-                del self.ready[j]
-            self.times[j] = (self.now, self.now + o.duration)
-            heapq.heappush(self.running, (self.now + o.duration, j))
-        return bool(self.running)
-
-    def finish_next(self) -> list[int]:
-        """Advance to the next completion time; the operations ending then, resources freed."""
-        self.now = self.running[0][0]
-        out = []
-        while self.running and self.running[0][0] == self.now:
-            j = heapq.heappop(self.running)[1]
-            self.busy.difference_update(self.ops[j].resources)
-            out.append(j)
-        return out
 
 
 def _summarize(spec: PipelineSpec, ops: list[_Op], times: list[tuple[float, float]],

@@ -22,7 +22,7 @@ from solver.cost.stage import ConfigArrays, ModelSlice, StageConfig
 from solver.cost.stage_costs import PipelineSetting, _time_inputs, stage_costs
 from solver.cost.timing import layer_times, tokens_per_gpu
 from solver.planner.check.time_check import stage_seconds
-from solver.spec.domain import Framework, Island, ModelSpec, Recompute
+from solver.spec.domain import Framework, Island, ModelSpec, Recompute, Schedule
 from solver.spec.loaders import load_catalog
 
 CAT = load_catalog()
@@ -68,17 +68,19 @@ def test_pair_period_is_the_list_schedule():
         assert 0.0 <= a + b + 3 * m + 4 * e - pair_period(a, b, m, e) <= 4 * e + 1e-12
 
 
-@pytest.mark.parametrize("framework, moe, ep, rc, piped, ok", [
-    (Framework.MEGATRON_CORE, True, 8, Recompute.NONE, False, True),
-    (Framework.FLAGSCALE, True, 8, Recompute.SELECTIVE, False, True),
-    (Framework.MEGATRON_CORE, True, 1, Recompute.NONE, False, False),    # ep > 1
-    (Framework.MEGATRON_CORE, False, 8, Recompute.NONE, False, False),   # a dense model
-    (Framework.MEGATRON_CORE, True, 8, Recompute.FULL, False, False),    # no full recompute
-    (Framework.MEGATRON_CORE, True, 8, Recompute.NONE, True, False),     # not priced piped
-    (Framework.DEEPSPEED, True, 8, Recompute.NONE, False, False),        # not Megatron
+@pytest.mark.parametrize("framework, moe, ep, rc, piped, v, ok", [
+    (Framework.MEGATRON_CORE, True, 8, Recompute.NONE, False, 1, True),
+    (Framework.FLAGSCALE, True, 8, Recompute.SELECTIVE, False, 1, True),
+    (Framework.MEGATRON_CORE, True, 8, Recompute.NONE, True, 2, True),   # interleaved
+    (Framework.MEGATRON_CORE, True, 1, Recompute.NONE, False, 1, False),  # ep > 1
+    (Framework.MEGATRON_CORE, False, 8, Recompute.NONE, False, 1, False),  # a dense model
+    (Framework.MEGATRON_CORE, True, 8, Recompute.FULL, False, 1, False),  # no full recompute
+    (Framework.MEGATRON_CORE, True, 8, Recompute.NONE, True, 1, False),  # pipelined: needs v
+    (Framework.DEEPSPEED, True, 8, Recompute.NONE, False, 1, False),     # not Megatron
 ])
-def test_rules(framework, moe, ep, rc, piped, ok):
-    assert (a2a_overlap_problem(PROFILES[framework], moe, ep, rc, piped) is None) == ok
+def test_rules(framework, moe, ep, rc, piped, v, ok):
+    problem = a2a_overlap_problem(PROFILES[framework], moe, ep, rc, piped, virtual_stages=v)
+    assert (problem is None) == ok
 
 
 def test_violations_names_the_overlap():
@@ -175,3 +177,25 @@ def test_not_with_megatron_fsdp():
     assert violations([cfg], MCORE, False, model=MOE) == [
         "stage 0: the MoE all-to-all overlap is priced without Megatron-FSDP only (two "
         "layers' gathered weights at once are not counted)"]
+
+
+def test_interleaved_stage_prices_pp_times_a_ranks_share():
+    """PP 2 x 2 chunks, 8 layers: each rank's latency drops by its 4 layers' hidden time
+    ``4 H`` and the iteration pays ``pp`` times it (the closed form the simulator checks,
+    ``tests/schedule/test_a2a_overlap_sim.py``); the validator says the same."""
+    model = dataclasses.replace(MOE, layers=8)
+    island = Island.homogeneous("g", CAT["H100-SXM-80GB"], 16, 8)
+    off = StageConfig(tp=1, pp=2, dp=8, ep=8, micro_batch=1, zero=1)
+    cfg = ConfigArrays.of([off, dataclasses.replace(off, a2a_overlap=True)])
+    pipe = PipelineSetting(8, 1, Schedule.INTERLEAVED, 2)
+    costs = stage_costs(ModelSlice.whole(model), island, 4096, cfg, pipe)
+    ti = _time_inputs(model, island, 4096, DEFAULT_CALIBRATION, Runtime())
+    lf, lb = layer_times(ti, cfg)
+    rank = 4 * float(a2a_overlap_hidden(ti, cfg, tokens_per_gpu(cfg, 4096), lf, lb)[1])
+    assert rank > 0.0
+    assert costs.latency_s[1] == pytest.approx(costs.latency_s[0] - rank, rel=1e-9)
+    assert costs.iteration_s[1] == pytest.approx(costs.iteration_s[0] + 2 * rank, rel=1e-9)
+    subs, per_iter = stage_seconds(model, 4096, island, cfg.config(1), 8, True, True,
+                                   profile=MCORE, p2p_factor=2.0)
+    assert max(subs) == pytest.approx(float(costs.latency_s[1]), rel=1e-9)
+    assert per_iter == pytest.approx(float(costs.iteration_s[1]), rel=1e-9)

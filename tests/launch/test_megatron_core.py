@@ -164,10 +164,10 @@ CORE_JOBS = ["seed-llama3-70b", "mixtral-a100-h100", "v100-a100-llama2-13b",
 def _job(name, tmp_path):
     from pathlib import Path
     from solver.spec.domain import Framework
-    if name == "a2a":  # one stage at EP 8 with the MoE all-to-all overlap
-        from tests.planner.test_a2a_overlap_plan import JOB
-        path = tmp_path / "a2a.toml"
-        path.write_text(JOB % ("megatron-core", ""))
+    if name in ("a2a", "a2a-vp"):  # the MoE all-to-all overlap: one stage, or interleaved
+        from tests.planner.test_a2a_overlap_plan import INTERLEAVED, JOB
+        path = tmp_path / f"{name}.toml"
+        path.write_text(JOB % ("megatron-core", "") if name == "a2a" else INTERLEAVED % "")
         return load_job(path)
     if name in ("moe", "qwen2"):
         path = tmp_path / f"{name}.toml"
@@ -181,14 +181,14 @@ def _job(name, tmp_path):
     return job
 
 
-@pytest.mark.parametrize("name", JOBS + ["moe", "qwen2", "a2a"]
+@pytest.mark.parametrize("name", JOBS + ["moe", "qwen2", "a2a", "a2a-vp"]
                          + [f"core:{n}" for n in CORE_JOBS])
 def test_megatron_core_accepts_the_export(mcore, name, tmp_path):
     import torch
     from solver.planner.stages.search import plan_job
     plan = plan_job(_job(name, tmp_path))
     cfg, calc = _judge(plan, torch)
-    assert cfg.overlap_moe_expert_parallel_comm == (name == "a2a")
+    assert cfg.overlap_moe_expert_parallel_comm == name.startswith("a2a")
     assert calc.get() == plan.n_micro
     assert _stage_layers(cfg) == [x for m in meshes(plan) for x in m.layers]
     v = cfg.virtual_pipeline_model_parallel_size or 1
@@ -308,13 +308,13 @@ def test_megatron_core_model_holds_the_counted_parameters(one_rank, name):
     assert held == m.total_params
 
 
-@pytest.mark.parametrize("ep, recompute, pp", [(2, "none", 1), (1, "none", 1), (2, "full", 1),
-                                               (2, "selective", 1), (2, "none", 2)])
-def test_megatron_core_refuses_the_overlap_where_the_rules_do(mcore, ep, recompute, pp):
+@pytest.mark.parametrize("ep, recompute, pp, v", [
+    (2, "none", 1, 1), (1, "none", 1, 1), (2, "full", 1, 1), (2, "selective", 1, 1),
+    (2, "none", 2, 1), (2, "none", 2, 2)])
+def test_megatron_core_refuses_the_overlap_where_the_rules_do(mcore, ep, recompute, pp, v):
     """The MoE all-to-all overlap: Megatron-Core's ``TransformerConfig`` accepts a layout
     exactly when :func:`~solver.cost.runtime.runtime_rules.a2a_overlap_problem` does (with
-    pipeline stages Megatron-Core asks for virtual ones, a schedule the planner does not price,
-    so both refuse a plain pipeline)."""
+    pipeline stages, only with virtual ones)."""
     import torch
     from megatron.core.transformer.transformer_config import TransformerConfig
     from solver.cost.runtime.frameworks import PROFILES, a2a_overlap_problem
@@ -323,7 +323,8 @@ def test_megatron_core_refuses_the_overlap_where_the_rules_do(mcore, ep, recompu
               moe_ffn_hidden_size=64, expert_model_parallel_size=ep, bf16=True,
               params_dtype=torch.bfloat16, moe_token_dispatcher_type="alltoall",
               overlap_moe_expert_parallel_comm=True, pipeline_model_parallel_size=pp,
-              pipeline_dtype=torch.bfloat16 if pp > 1 else None)
+              pipeline_dtype=torch.bfloat16 if pp > 1 else None,
+              virtual_pipeline_model_parallel_size=v if v > 1 else None)
     if recompute == "full":
         kw.update(recompute_granularity="full", recompute_method="uniform",
                   recompute_num_layers=1)
@@ -335,5 +336,5 @@ def test_megatron_core_refuses_the_overlap_where_the_rules_do(mcore, ep, recompu
     except (AssertionError, ValueError):
         accepted = False
     ours = a2a_overlap_problem(PROFILES[Framework.MEGATRON_CORE], True, ep, Recompute(recompute),
-                               pp > 1)
+                               pp > 1, virtual_stages=v)
     assert accepted == (ours is None)

@@ -163,13 +163,13 @@ def test_plan_json_round_trip(planned):
 
 
 def test_estimate_refuses_it_where_megatron_does(tmp_path, capsys):
-    """One line, exit status 2: with pipeline stages (priced without them only), without
-    expert parallelism, under DeepSpeed."""
+    """One line, exit status 2: with pipeline stages but no virtual ones, without expert
+    parallelism, under DeepSpeed."""
     base = ('description = "x"\nmodel = "mixtral-8x22b"\ngpu = "H100-SXM-80GB"\ngpus = 16\n'
             '%s[training]\nglobal_batch = 64\nseq_len = 4096\n[parallel]\ntp = 1\n'
             'zero = 1\na2a_overlap = true\n')
     for top, layout, why in (
-            ("", "pp = 2\ndp = 8\nep = 8\n", "without pipeline parallelism"),
+            ("", "pp = 2\ndp = 8\nep = 8\n", "needs virtual ones"),
             ("", "pp = 1\ndp = 16\nep = 1\n", "needs expert parallelism"),
             ('framework = "deepspeed"\n', "pp = 1\ndp = 16\nep = 8\n",
              "deepspeed does not overlap")):
@@ -178,3 +178,62 @@ def test_estimate_refuses_it_where_megatron_does(tmp_path, capsys):
         assert main(["estimate", str(path)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and err.startswith(f"error: {path}: ") and why in err, err
+
+
+#: Mixtral 8x22B on 128 H100 under Megatron-Core at TP 2, EP 8: pipelined, so the overlap
+#: runs interleaved (Megatron-Core's combined 1F1B for virtual stages).
+INTERLEAVED = """model = "mixtral-8x22b"
+cluster = "h100-128"
+[training]
+global_batch = 512
+seq_len = 4096
+[planner]
+framework = "megatron-core"
+pruning = "safe"
+[constraints]
+tp = [2]
+ep = [8]
+%s
+"""
+
+
+@pytest.fixture(scope="module")
+def interleaved(tmp_path_factory):
+    path = tmp_path_factory.mktemp("a2a-vp") / "vp.toml"
+    path.write_text(INTERLEAVED % "")
+    job = load_job(path)
+    return job, plan_job(job)
+
+
+def test_pipelined_plans_overlap_interleaved(interleaved):
+    """The plan interleaves with the overlap on, passes the validator, and is the interleaved
+    family's optimum by brute force (every depth, chunk count and configuration,
+    ``tests/planner/test_interleaved.py``)."""
+    from tests.planner.test_interleaved import _brute
+    job, plan = interleaved
+    (stage,) = plan.stages
+    c = stage.plan.config
+    assert c.a2a_overlap and c.pp > 1 and plan.virtual_stages > 1
+    assert problems(plan, job) == []
+    assert plan.iteration_time_s == pytest.approx(_brute(job, plan.n_micro), rel=1e-12)
+
+
+def test_interleaved_overlap_beats_none(interleaved, tmp_path):
+    job, plan = interleaved
+    path = tmp_path / "off.toml"
+    path.write_text(INTERLEAVED % "a2a_overlap = false")
+    off = load_job(path)
+    other = plan_job(off)
+    assert not other.stages[0].plan.config.a2a_overlap
+    assert other.iteration_time_s > plan.iteration_time_s
+
+
+def test_interleaved_exports(interleaved):
+    job, plan = interleaved
+    args = megatron_args(plan)
+    assert "--overlap-moe-expert-parallel-comm" in args
+    assert any(a.startswith("--num-layers-per-virtual-pipeline-stage") for a in args)
+    doc = yaml.safe_load(flagscale_yaml(plan, "p.hostfile"))
+    assert judge(doc, flagscale_hostfile(plan)) == []
+    back = read_back(doc, flagscale_hostfile(plan))
+    assert back.a2a_overlap and back.virtual_stages == plan.virtual_stages

@@ -281,9 +281,11 @@ def estimate(setup: EstimateSetup, calib: Calibration = DEFAULT_CALIBRATION) -> 
     when none fits, the one using the least memory, reported with ``fits = False``); with
     ``auto_virtual_stages`` likewise over :func:`chunk_options`."""
     if setup.auto_virtual_stages:
+        # With pipeline stages the MoE all-to-all overlap runs interleaved only (its rule).
+        plain = not (setup.parallel.a2a_overlap and setup.parallel.pp > 1)
         tries = [estimate(dataclasses.replace(setup, schedule=sched, virtual_stages=v,
                                               auto_virtual_stages=False), calib)
-                 for sched, v in chunk_options(setup)]
+                 for sched, v in chunk_options(setup) if plain or v > 1]
         return min(tries, key=lambda e: (not e.fits, e.iteration_time_s, e.memory.total))
     cfg, costs, n_micro, time = _evaluate(setup, calib)
     total = costs.memory.total

@@ -37,8 +37,8 @@ Format (TOML)::
     offload = false
     a2a_overlap = false           # optional (false), MoE: overlap the all-to-alls with another
                                   #   micro-batch's compute (--overlap-moe-expert-parallel-comm;
-                                  #   megatron-core and flagscale, ep > 1, pp = 1, no full
-                                  #   recomputation)
+                                  #   megatron-core and flagscale, ep > 1, no full
+                                  #   recomputation; with pp > 1 interleaved only)
     schedule = "interleaved"      # 1f1b | gpipe | interleaved
     virtual_stages = 5            # with "interleaved" (required there), or "auto" with any
                                   #   schedule: the fastest fitting v (1 = plain 1F1B)
@@ -57,7 +57,7 @@ from pathlib import Path
 import dataclasses
 
 from solver.cost.efficiency import DEFAULT_CALIBRATION, AttentionKernel, Calibration
-from solver.cost.estimating.estimate import EstimateSetup
+from solver.cost.estimating.estimate import EstimateSetup, chunk_options
 from solver.cost.runtime.frameworks import (interleaving_allowed, loss_kernel_problem, profile,
                                             violations)
 from solver.cost.stage import StageConfig
@@ -105,8 +105,12 @@ def load_estimate_setup(path: Path | str, catalog: dict[str, GPUSpec] | None = N
 def _check_framework(f: Fields, setup: EstimateSetup) -> None:
     """The configuration is one the framework runs."""
     prof = profile(setup.framework)
+    # "auto" tries every v of chunk_options (plain 1F1B only where it runs).
+    v = (setup.virtual_stages if setup.schedule is Schedule.INTERLEAVED
+         else max(c for _, c in chunk_options(setup)) if setup.auto_virtual_stages else 1)
     found = violations([setup.parallel], prof, setup.parallel.pp > 1, model=setup.model,
-                       precision=setup.precision, stage_gpus=[setup.island.gpu_types])
+                       precision=setup.precision, stage_gpus=[setup.island.gpu_types],
+                       virtual_stages=v)
     if found:
         raise InputError(f.file, f.prefix, found[0].removeprefix("stage 0: "))
     # One homogeneous island is one mesh: FlagScale runs it as plain Megatron-LM, interleaved.

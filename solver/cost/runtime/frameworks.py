@@ -218,7 +218,8 @@ def zero_choices(prof: FrameworkProfile, pipelined: bool,
 
 
 def violations(configs, prof: FrameworkProfile, pipelined: bool, *, model=None,
-               precision: Precision | None = None, stage_gpus=None) -> list[str]:
+               precision: Precision | None = None, stage_gpus=None,
+               virtual_stages: int = 1) -> list[str]:
     """What of a plan ``prof``'s runtime cannot run ([] if nothing), one line per problem: the
     one place the planner's search, its validator and the exporters read the rules from.
 
@@ -227,7 +228,8 @@ def violations(configs, prof: FrameworkProfile, pipelined: bool, *, model=None,
     or inside stages). The job-level rules are checked when their data is given: ``model``
     (:func:`tp_allowed`, :func:`expert_parallel_sizes`), ``precision`` (one training precision:
     :func:`precision_problem`; EP in FP16), ``stage_gpus`` (per stage, the GPU types of its
-    nodes: :func:`precision_problem`, :func:`vendor_problem`).
+    nodes: :func:`precision_problem`, :func:`vendor_problem`), ``virtual_stages`` (model chunks
+    per GPU: the MoE all-to-all overlap's rule with pipeline stages).
     """
     name, out = prof.framework.value, []
     allowed = prof.zero_stages(pipelined)
@@ -249,7 +251,8 @@ def violations(configs, prof: FrameworkProfile, pipelined: bool, *, model=None,
             out.append(f"stage {i}: {name} runs no expert parallelism (ep {c.ep})")
         why = c.a2a_overlap and a2a_overlap_problem(prof, model is None or model.is_moe, c.ep,
                                                     c.recompute, pipelined,
-                                                    megatron_fsdp(prof.framework, c))
+                                                    megatron_fsdp(prof.framework, c),
+                                                    virtual_stages)
         if why:
             out.append(f"stage {i}: {why}")
     return out + _uniformity(configs, prof) + job_rules(configs, prof, model, precision,

@@ -124,7 +124,8 @@ def expert_parallel_sizes(prof: FrameworkProfile, experts: int, tp: int, cp: int
 
 
 def a2a_overlap_problem(prof: FrameworkProfile, moe: bool, ep: int, recompute: Recompute,
-                        pipelined: bool, fsdp: bool = False) -> str | None:
+                        pipelined: bool, fsdp: bool = False,
+                        virtual_stages: int = 1) -> str | None:
     """Why ``prof``'s runtime cannot overlap the MoE all-to-alls of a stage (None: it can).
 
     Megatron-Core's ``TransformerConfig.__post_init__`` (``megatron/core/transformer/
@@ -134,10 +135,9 @@ def a2a_overlap_problem(prof: FrameworkProfile, moe: bool, ep: int, recompute: R
     recomputation method (selective recomputation runs); ``bf16`` or ``fp16`` weights (every
     precision here is one of them, FP8 included); no ``moe_shared_expert_overlap`` (never
     set); torch ≥ 2.6 (the launch environment's). With ``pp > 1`` it needs virtual pipeline
-    stages and runs ``combined_1f1b_schedule_for_interleaved_pipelining`` (``megatron/core/
-    pipeline_parallel/combined_1f1b.py``); the cost model prices the schedule without
-    pipelining only (``combined_1f1b_schedule_for_no_pipelining``), so a pipelined plan is
-    refused here too, said as the planner's limit. So is Megatron-FSDP (``fsdp``), which
+    stages (``virtual_stages``) and runs ``combined_1f1b_schedule_for_interleaved_pipelining``
+    (``megatron/core/pipeline_parallel/combined_1f1b.py``), which the cost model prices
+    (:mod:`solver.cost.a2a_overlap`). The planner does not price Megatron-FSDP (``fsdp``), which
     Megatron-Core does not refuse with it: the combined schedule runs forward layer ``i``
     beside backward layer ``L - 1 - i``, two layers' gathered weights at once, which the
     ZeRO-3 memory term does not count.
@@ -149,9 +149,9 @@ def a2a_overlap_problem(prof: FrameworkProfile, moe: bool, ep: int, recompute: R
         return "the MoE all-to-all overlap needs expert parallelism (ep > 1)"
     if recompute is Recompute.FULL:
         return "the MoE all-to-all overlap runs without full recomputation"
-    if pipelined:
-        return ("the MoE all-to-all overlap is priced without pipeline parallelism only "
-                "(Megatron-Core runs it with virtual stages; this planner does not price that)")
+    if pipelined and virtual_stages < 2:
+        return ("the MoE all-to-all overlap with pipeline stages needs virtual ones "
+                "(TransformerConfig.__post_init__)")
     if fsdp:
         return ("the MoE all-to-all overlap is priced without Megatron-FSDP only (two layers' "
                 "gathered weights at once are not counted)")

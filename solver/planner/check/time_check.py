@@ -246,8 +246,9 @@ def _setup(model, seq_len, island, calib, profile, precision, overlap,
 
 
 def _substage(st: _Setup, c: StageConfig, layers: int, emb: bool, head: bool,
-              p2p_factor: float) -> tuple[float, float, float]:
-    """(fwd + bwd seconds per micro-batch, exposed sync, optimizer step) of one sub-stage."""
+              p2p_factor: float) -> tuple[float, float, float, float]:
+    """(fwd + bwd seconds per micro-batch, exposed sync, optimizer step, the MoE overlap's
+    exposed all-to-alls per iteration) of one sub-stage."""
     n = c.micro_batch * st.seq / c.cp
     redone = recomputed(c, layers)
     if c.recompute is Recompute.FULL and redone < layers:
@@ -278,8 +279,10 @@ def _substage(st: _Setup, c: StageConfig, layers: int, emb: bool, head: bool,
     under = 1.0 if st.profile.overlap_p2p and round(p2p_factor) > 1 and st.overlap else 0.0
     fwd = fwd_work + fwd_comm + z_fwd + off_f + max(p2p - under * bwd_work, 0.0)
     bwd = bwd_work + bwd_comm + z_bwd + off_b + max(p2p - under * fwd_work, 0.0)
-    edge = layers * _a2a_hidden(st, c, n) if c.a2a_overlap and st.overlap else 0.0
-    return fwd + bwd - edge, dp_s + edge, opt_s
+    # Hidden from every micro-batch, exposed once per iteration: without pipelining the first
+    # forward and last backward; interleaved, pp times (the warm-up and cool-down chunks).
+    hid = layers * _a2a_hidden(st, c, n) if c.a2a_overlap and st.overlap else 0.0
+    return fwd + bwd - hid, dp_s, opt_s, c.pp * hid
 
 
 def _a2a_hidden(st: _Setup, c: StageConfig, n: float) -> float:
@@ -353,7 +356,8 @@ def substage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageC
     """
     st = _setup(model, seq_len, island, calib, profile, precision, overlap, grad_bytes,
                fp8_params, loss)
-    return _substage(st, cfg, layers, emb, head, p2p_factor)
+    lat, dp_s, opt_s, edge = _substage(st, cfg, layers, emb, head, p2p_factor)
+    return lat, dp_s + edge, opt_s
 
 
 def stage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageConfig,
@@ -368,7 +372,8 @@ def stage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageConf
     Layers split as :func:`~solver.planner.check.memory_check.layer_counts`; the embedding sits on the
     first sub-stage and the head on the last (when the slice has them). The per-iteration term
     is the largest exposed sync plus optimizer step over all sub-stages (each from
-    :func:`substage_seconds`). Keywords as in :func:`substage_seconds`.
+    :func:`substage_seconds`), plus the largest exposed all-to-all of the MoE overlap.
+    Keywords as in :func:`substage_seconds`.
 
     Returns
     -------
@@ -377,13 +382,13 @@ def stage_seconds(model: ModelSpec, seq_len: int, island: Island, cfg: StageConf
     """
     st = _setup(model, seq_len, island, calib, profile, precision, overlap, grad_bytes,
                 fp8_params, loss)
-    latencies, per_iteration = [], 0.0
+    latencies, per_iteration, edge = [], 0.0, 0.0
     for j, count in enumerate(layer_counts(layers, cfg.pp)):
-        lat, dp_s, opt_s = _substage(st, cfg, count, has_embedding and j == 0,
-                                     has_head and j == cfg.pp - 1, p2p_factor)
+        lat, dp_s, opt_s, exposed = _substage(st, cfg, count, has_embedding and j == 0,
+                                              has_head and j == cfg.pp - 1, p2p_factor)
         latencies.append(lat)
-        per_iteration = max(per_iteration, dp_s + opt_s)
-    return latencies, per_iteration
+        per_iteration, edge = max(per_iteration, dp_s + opt_s), max(edge, exposed)
+    return latencies, per_iteration + edge
 
 
 def plan_stage_seconds(plan, calib: Calibration = DEFAULT_CALIBRATION

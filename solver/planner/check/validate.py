@@ -94,7 +94,7 @@ def runtime_problems(plan: Plan, job: JobSpec) -> list[str]:
     out = violations([s.plan.config for s in plan.stages], profile(job.planner.framework),
                      pipelined, model=job.model, precision=job.training.precision,
                      stage_gpus=[{x.gpu for x in (s.nodes or s.island.nodes)}
-                                 for s in plan.stages])
+                                 for s in plan.stages], virtual_stages=plan.virtual_stages)
     loss = loss_kernel_problem(profile(job.planner.framework), job.training.cross_entropy)
     return out + _interleaving(plan, job) + ([loss] if loss else [])
 

@@ -34,7 +34,7 @@ from solver.cost.runtime.frameworks import (interleaving_allowed, megatron_inter
                                             state_types)
 from solver.cost.configs import FeatureSet, _layouts
 from solver.cost.efficiency import Calibration
-from solver.cost.least_costs import layer_latencies
+from solver.cost.least_costs import a2a_ceiling, layer_latencies
 from solver.cost.parallelizer import (Parallelizer, PartialPlan, PlanContext,
                                       kernel_calibration, prices_interleaving_above_plain,
                                       stage_calibration)
@@ -128,7 +128,16 @@ def best_interleaved(job: JobSpec, features: FeaturePreset, ns: list[int],
     return (None if best is None else _decode(job, *best, calls[0])), calls[0]
 
 
-def plain_floor(job: JobSpec, plain: list[PartialPlan], n: int) -> float:
+def overlap_possible(job: JobSpec, features: FeaturePreset) -> bool:
+    """Whether a one-mesh plan of ``job`` may overlap its MoE all-to-alls (the runtime runs it,
+    the features have EP and the constraints allow it): the bounds below then leave room for
+    what it hides, which plain 1F1B with pipeline stages never does (it needs virtual ones)."""
+    return (job.model.is_moe and profile(job.planner.framework).moe_a2a_overlap
+            and FeatureSet.of(features).ep and job.constraints.a2a_overlap is not False)
+
+
+def plain_floor(job: JobSpec, plain: list[PartialPlan], n: int,
+                hidden: list[float] | None = None) -> float:
     """No interleaved plan (any ``v >= 2``) of the group and ``n`` that ``plain`` was priced
     for beats this: ``min n · max τ + iteration`` over the plain-1F1B plans ``plain`` whose
     depth Megatron could interleave (``pp >= 2``, ``layers % pp = 0``, ``n % pp = 0``, allowed
@@ -145,12 +154,26 @@ def plain_floor(job: JobSpec, plain: list[PartialPlan], n: int) -> float:
     ``plain``); its data-parallel sync, run chunk by chunk, may be less
     (:func:`~solver.cost.sync.hide_interleaved`), so only the optimizer step (``optimizer_s``)
     counts of the per-iteration time; and :func:`~solver.planner.plan.interleaved_cycle_time`
-    is at least ``n · max τ``.
+    is at least ``n · max τ``. With the MoE all-to-all overlap (interleaved only) a sub-stage
+    hides at most its layers' four all-to-alls each: ``hidden``, per plan of ``plain``, that
+    much for its largest sub-stage (:func:`~solver.cost.least_costs.a2a_ceiling`), taken off
+    too (its exposed part per iteration only adds).
     """
-    return min((n * max(p.latency_s - p.p2p_s, 0.0) + p.optimizer_s for p in plain
+    hidden = hidden or [0.0] * len(plain)
+    return min((n * max(p.latency_s - p.p2p_s - h, 0.0) + p.optimizer_s
+                for p, h in zip(plain, hidden)
                 if p.config.pp >= 2 and job.model.layers % p.config.pp == 0
                 and n % p.config.pp == 0 and job.constraints.allows_depth(p.config.pp)),
                default=math.inf)
+
+
+def _hidden(job: JobSpec, plain: list[PartialPlan], group: Island, context: PlanContext,
+            calib: Calibration) -> list[float]:
+    """Per plan of ``plain``, the most the overlap hides on its largest sub-stage
+    (:func:`plain_floor`)."""
+    cfg = ConfigArrays.of([p.config for p in plain])
+    per_layer = a2a_ceiling(job.model, group, context.seq_len, cfg, calib, context.runtime)
+    return [float(h) * -(-job.model.layers // p.config.pp) for p, h in zip(plain, per_layer)]
 
 
 def one_mesh_floor(job: JobSpec, context: PlanContext, group: Island,
@@ -180,6 +203,9 @@ def one_mesh_floor(job: JobSpec, context: PlanContext, group: Island,
                        recompute=none,
                        offload=none.astype(bool), micro_batch=context.micro_batch // dp)
     per_layer = layer_latencies(job.model, group, context.seq_len, cfg, calib, context.runtime)
+    if overlap_possible(job, context.features):  # what plain_floor takes off, per layer
+        per_layer = per_layer - a2a_ceiling(job.model, group, context.seq_len, cfg, calib,
+                                            context.runtime)
     return float(np.min(n * (layers / pp) * per_layer)) * (1 - ROUNDING)
 
 
@@ -213,7 +239,10 @@ def _on_island(job, features, ns, parallelizer, island, bar, calls: list[int]):
                             calib) >= bar:
                         break  # not even the plain plans' bound is under the bar
                     plain = priced(n, 1, nodes, group, deepest) if plain is None else plain
-                    if plain_floor(job, plain, n) * (1 - 1e-12) >= bar:  # rounding slack
+                    hidden = (_hidden(job, plain, group, _context(
+                        job, features, n, 1, nodes, island), calib) if plain and
+                        overlap_possible(job, features) else None)
+                    if plain_floor(job, plain, n, hidden) * (1 - 1e-12) >= bar:  # rounding
                         break  # no v >= 2 at this group and n beats the bar
                 plans = plain if v == 1 and plain is not None else priced(n, v, nodes, group)
                 plain = plans if v == 1 else plain

@@ -279,17 +279,15 @@ def _substage(st: _Setup, c: StageConfig, layers: int, emb: bool, head: bool,
     under = 1.0 if st.profile.overlap_p2p and round(p2p_factor) > 1 and st.overlap else 0.0
     fwd = fwd_work + fwd_comm + z_fwd + off_f + max(p2p - under * bwd_work, 0.0)
     bwd = bwd_work + bwd_comm + z_bwd + off_b + max(p2p - under * fwd_work, 0.0)
-    # Hidden from every micro-batch, exposed once per iteration: without pipelining the first
-    # forward and last backward; interleaved, pp times (the warm-up and cool-down chunks).
+    # Hidden from every micro-batch, exposed pp times per iteration (warm-up and cool-down).
     hid = layers * _a2a_hidden(st, c, n) if c.a2a_overlap and st.overlap else 0.0
     return fwd + bwd - hid, dp_s, opt_s, c.pp * hid
 
 
 def _a2a_hidden(st: _Setup, c: StageConfig, n: float) -> float:
-    """Seconds per layer and micro-batch the MoE all-to-all overlap hides: a forward beside the
-    previous micro-batch's backward, each all-to-all beside one compute block of the other pass
-    (combine-bwd / attention-fwd, dispatch-fwd / experts-bwd, dispatch-bwd / experts-fwd,
-    combine-fwd / attention-bwd); the first forward and last backward alone pay it once."""
+    """Seconds per layer and micro-batch the MoE all-to-all overlap hides: each all-to-all of
+    one pass beside one compute block of the other (combine-bwd / attention-fwd, dispatch-fwd /
+    experts-bwd, dispatch-bwd / experts-fwd, combine-fwd / attention-bwd)."""
     m = st.model
     if not m.is_moe:
         return 0.0

@@ -292,8 +292,11 @@ def test_megatron_core_model_holds_the_counted_parameters(one_rank, name):
     plan = build_plan(job, [(isl, m.layers, StageConfig(tp=1, dp=8, micro_batch=1))], 1)
     flags = _flags(megatron_args(plan))
     kw = _config_kwargs(flags, torch)
+    # The all-to-all dispatcher opens a CUDA stream when built (MoEAlltoAllTokenDispatcher);
+    # the dispatcher holds no parameters, so the count is built with the CPU-safe default.
     kw.update(params_dtype=torch.float32, bf16=False, sequence_parallel=False,
-              use_cpu_initialization=True, perform_initialization=False)
+              use_cpu_initialization=True, perform_initialization=False,
+              moe_token_dispatcher_type="allgather")
     cfg = TransformerConfig(**kw)
     spec = get_gpt_layer_local_spec(num_experts=cfg.num_moe_experts,
                                     qk_layernorm=cfg.qk_layernorm,

@@ -237,3 +237,15 @@ def test_interleaved_exports(interleaved):
     assert judge(doc, flagscale_hostfile(plan)) == []
     back = read_back(doc, flagscale_hostfile(plan))
     assert back.a2a_overlap and back.virtual_stages == plan.virtual_stages
+
+
+def test_independent_memory_count_equals_the_model(planned, interleaved):
+    """The validator's own memory count (one layer's activations more with the overlap) equals
+    the vectorized model's, without pipelining and interleaved."""
+    from solver.cost.efficiency import DEFAULT_CALIBRATION
+    from solver.planner.check.memory_check import plan_memory_gb
+    from solver.planner.check.validate import _flash
+    for job, plan in (planned, interleaved):
+        got = plan_memory_gb(plan, DEFAULT_CALIBRATION.moe_capacity_factor,
+                             [_flash(s, job) for s in plan.stages])
+        assert got == pytest.approx([s.plan.memory_gb for s in plan.stages], rel=1e-9)

@@ -51,10 +51,13 @@ def _random_config(rng, m: ModelSpec) -> StageConfig:
     etp = _pick(rng, [d for d in (1, 2, 4, 8) if tp % d == 0]) if m.is_moe else tp
     ep = _pick(rng, [e for e in (1, 2, 4, 8, 16) if (tp * cp * dp // etp) % e == 0
                      and m.experts % e == 0]) if m.is_moe else 1
+    recompute = _pick(rng, list(Recompute))
+    # The MoE all-to-all overlap, priced wherever it runs without full recomputation.
+    a2a = m.is_moe and recompute is not Recompute.FULL and bool(rng.integers(2))
     return StageConfig(tp=tp, cp=cp, ep=ep, pp=_pick(rng, [1, 1, 2, 3, 4, 5]),
-                       dp=dp, zero=int(rng.integers(4)), recompute=_pick(rng, list(Recompute)),
+                       dp=dp, zero=int(rng.integers(4)), recompute=recompute,
                        offload=bool(rng.integers(2)), micro_batch=int(rng.integers(1, 5)),
-                       expert_tp=None if etp == tp else etp)
+                       expert_tp=None if etp == tp else etp, a2a_overlap=a2a)
 
 
 def _random_case(rng, islands):

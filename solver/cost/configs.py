@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from solver.cost.runtime.frameworks import (a2a_overlap_problem, cp_allowed,
-                                            expert_parallel_sizes, megatron_interleaves,
-                                            profile, tp_allowed, zero_choices)
+                                            expert_parallel_sizes, megatron_fsdp,
+                                            megatron_interleaves, profile, tp_allowed,
+                                            zero_choices)
 from solver.cost.partial import PlanContext
 from solver.cost.stage import RECOMPUTE_CODES, ConfigArrays, ModelSlice
 from solver.spec.domain import (Constraints, FeaturePreset, Framework, Island, ModelSpec, Recompute,
@@ -207,8 +208,7 @@ def _with_a2a_overlap(cfg: ConfigArrays, slc: ModelSlice, ctx: PlanContext, feat
     piped = (np.asarray(cfg.pp) > 1) | (not slc.is_whole)
     interleaved = ctx.schedule is Schedule.INTERLEAVED and slc.is_whole
     v = ctx.virtual_stages if interleaved else 1
-    fsdp = (np.asarray(cfg.zero) == 3) & (cfg.dp * cfg.cp > 1) & (
-        ctx.framework is Framework.MEGATRON_CORE)  # Megatron-FSDP (frameworks.megatron_fsdp)
+    fsdp = np.broadcast_to(megatron_fsdp(ctx.framework, cfg), piped.shape)
     rows = np.zeros(len(cfg), dtype=bool)
     for key in set(zip(cfg.ep.tolist(), cfg.recompute.tolist(), piped.tolist(), fsdp.tolist())):
         e, r, p, z = key

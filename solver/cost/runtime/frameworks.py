@@ -62,9 +62,12 @@ import dataclasses
 from dataclasses import dataclass
 from types import MappingProxyType
 
+import numpy as np
+
 from solver.cost.memory import GRAD_BF16_BYTES, GRAD_BYTES
 from solver.cost.runtime.profile import FrameworkProfile
-from solver.cost.runtime.runtime_rules import (a2a_overlap_problem, cp_allowed, expert_parallel_sizes, job_rules,
+from solver.cost.runtime.runtime_rules import (a2a_overlap_problem, cp_allowed,
+                                               expert_parallel_sizes, job_rules,
                                                loss_kernel_problem, mixed_kinds_note,
                                                precision_problem, shared_embedding_problems,
                                                tp_allowed, vendor_problem)
@@ -189,11 +192,12 @@ def profile(framework: Framework) -> FrameworkProfile:
     return PROFILES[framework]
 
 
-def megatron_fsdp(framework: Framework, config) -> bool:
-    """Whether ``config`` (a :class:`~solver.cost.stage.StageConfig`) runs as Megatron-FSDP:
-    ZeRO-3 under Megatron-Core, with replicas to shard over (module docstring)."""
-    return (framework is Framework.MEGATRON_CORE and config.zero == 3
-            and config.dp * config.cp > 1)
+def megatron_fsdp(framework: Framework, config):
+    """Whether ``config`` (a :class:`~solver.cost.stage.StageConfig`, or a
+    :class:`~solver.cost.stage.ConfigArrays`: row by row) runs as Megatron-FSDP: ZeRO-3 under
+    Megatron-Core, with replicas to shard over (module docstring)."""
+    return ((framework is Framework.MEGATRON_CORE) & (np.asarray(config.zero) == 3)
+            & (np.asarray(config.dp * config.cp) > 1))
 
 
 def zero_choices(prof: FrameworkProfile, pipelined: bool,

@@ -53,8 +53,9 @@ from solver.cost.efficiency import DEFAULT_CALIBRATION, Calibration
 from solver.cost.runtime.frameworks import FrameworkProfile, job_runtime
 from solver.cost.stage import StageConfig
 from solver.planner.check.memory_check import layer_counts, recomputed
-from solver.planner.check.time_check_machine import (Machine, all_to_all, consecutive, machine,
-                                                     ring)
+from solver.planner.check.time_check_machine import Machine, consecutive, machine, ring
+from solver.planner.check.time_check_moe import (expert_bias, expert_sort, one_all_to_all,
+                                                 routed_rows)
 from solver.planner.check.time_check_sync import hide, sync
 from solver.spec.domain import Island, ModelSpec, Precision, Recompute
 
@@ -66,8 +67,6 @@ _hide = hide  # the name the validator's tests check the bucket formula under
 #: their place; backward one in-place scale).
 _LOSS_BYTES = MappingProxyType({"unfused": (38.0, 14.0), "te": (6.0, 4.0)})
 _PERMUTE_BYTES = 8.0   # HBM bytes per hidden element of every routed copy (permute, unpermute)
-_SORT_BYTES = 8.0      # and per token a rank's experts receive (sort by local expert, unsort)
-_BIAS_BYTES = 12.0     # per routed hidden element and pass: the experts' second bias (16-bit)
 
 
 class _Setup(NamedTuple):
@@ -122,9 +121,14 @@ def _layer_gemms(st: _Setup, c: StageConfig, n: float) -> float:
     if not m.is_moe:
         return t + _mlp_gemms(st, c.tp, n, m.ffn, 1.0)
     t += _gemm(st, 2 * n * h * m.experts / c.tp, n / c.tp, m.experts, h)
-    # Each expert-TP group gathers the routed tokens of its etp sequence shards (n/tp each).
-    routed = c.etp * n / c.tp * m.top_k * c.ep / m.experts * st.calib.moe_capacity_factor
-    t += _mlp_gemms(st, c.etp, routed, m.expert_ffn, m.experts / c.ep)
+    return t + _expert_gemms(st, c, n)
+
+
+def _expert_gemms(st: _Setup, c: StageConfig, n: float) -> float:
+    """Forward GEMM seconds of a rank's routed experts (one kernel each) and shared experts."""
+    m = st.model
+    per_expert = routed_rows(st, c, n) * c.ep / m.experts
+    t = _mlp_gemms(st, c.etp, per_expert, m.expert_ffn, m.experts / c.ep)
     if m.shared_experts:
         t += _mlp_gemms(st, c.tp, n, m.shared_experts * m.expert_ffn, 1.0)
     return t
@@ -140,11 +144,10 @@ def _layer(st: _Setup, c: StageConfig, n: float) -> tuple[float, float, float, f
         _PERMUTE_BYTES * m.top_k * m.hidden if m.is_moe else 0.0)
     gemm = _layer_gemms(st, c, n)
     work = gemm + attn + streamed * n / c.tp / g.hbm
-    if m.is_moe and m.experts > c.ep:  # several local experts: received tokens sorted, unsorted
-        received = c.etp * n / c.tp * m.top_k * st.calib.moe_capacity_factor
-        work += _SORT_BYTES * received * m.hidden / g.hbm
+    if m.is_moe:  # several local experts: received tokens sorted, unsorted
+        work += expert_sort(st, c, n)
     cast_f, cast_b = _fp8_casts(st, c, n)
-    bias_f, bias_b = _expert_bias(st, c, n)
+    bias_f, bias_b = expert_bias(st, c, n)
     work += cast_f + bias_f
     tp = 4 * ring(2.0 * n * m.hidden, c.tp, *consecutive(g, c.tp))
     if m.is_moe:  # the MLP's gather and scatter run over the expert-TP group instead
@@ -153,10 +156,7 @@ def _layer(st: _Setup, c: StageConfig, n: float) -> tuple[float, float, float, f
     kv_share = max(m.kv_heads / c.tp, 1.0) * m.d_head
     kv_ring = ring(2.0 * c.cp * 2 * n * kv_share, c.cp, *consecutive(g, c.tp * c.cp))
     cp = max(kv_ring - attn, 0.0) if st.overlap else kv_ring
-    ep = 0.0
-    if m.is_moe:
-        sent = 2.0 * n * m.top_k * m.hidden / c.tp * st.calib.moe_capacity_factor
-        ep = 2 * all_to_all(g, sent, c.etp, c.ep)
+    ep = 2 * one_all_to_all(st, c, n) if m.is_moe else 0.0
     full = c.recompute is Recompute.FULL
     tp_fwd = _tp_exposed(st, tp, gemm, c.tp)
     redo = work if full else (attn if c.recompute is Recompute.SELECTIVE else 0.0)
@@ -164,20 +164,6 @@ def _layer(st: _Setup, c: StageConfig, n: float) -> tuple[float, float, float, f
                 + ep * (2 if full else 1) + cp * (2 if c.recompute is Recompute.NONE else 3))
     return (work, tp_fwd + cp + ep, 2 * (work - cast_f - bias_f) + cast_b + bias_b + redo,
             bwd_comm)
-
-
-def _expert_bias(st: _Setup, c: StageConfig, n: float) -> tuple[float, float]:
-    """Seconds (forward, backward) of the routed experts' second bias where the model has
-    biases: Megatron-Core adds it after the grouped GEMM as ``t + b * p`` per expert, joined
-    by ``torch.cat`` (``TEGroupedMLP._apply_bias``): forward 2 + 6 + 4 bytes per routed
-    hidden element in 16 bits, backward the products for the gradients of ``b`` and ``p``,
-    6 each."""
-    m = st.model
-    if not (m.is_moe and m.bias):
-        return 0.0, 0.0
-    rows = c.etp * n / c.tp * m.top_k * st.calib.moe_capacity_factor
-    seconds = _BIAS_BYTES * rows * m.hidden / st.gpu.hbm
-    return seconds, seconds
 
 
 def _fp8_casts(st: _Setup, c: StageConfig, n: float) -> tuple[float, float]:
@@ -196,7 +182,7 @@ def _fp8_casts(st: _Setup, c: StageConfig, n: float) -> tuple[float, float]:
     bwd = other * local * h + other * n * (q + 2 * kv) / c.tp        # their output gradients
     mlps = []  # (rows, width, split, fed by the norm)
     if m.is_moe:
-        rows = c.etp * local * m.top_k * st.calib.moe_capacity_factor
+        rows = routed_rows(st, c, n)
         mlps.append((rows, m.expert_ffn, c.etp, False))
         if m.shared_experts:
             mlps.append((None, m.shared_experts * m.expert_ffn, c.tp, False))
@@ -280,28 +266,23 @@ def _substage(st: _Setup, c: StageConfig, layers: int, emb: bool, head: bool,
     fwd = fwd_work + fwd_comm + z_fwd + off_f + max(p2p - under * bwd_work, 0.0)
     bwd = bwd_work + bwd_comm + z_bwd + off_b + max(p2p - under * fwd_work, 0.0)
     # Hidden from every micro-batch, exposed pp times per iteration (warm-up and cool-down).
-    hid = layers * _a2a_hidden(st, c, n) if c.a2a_overlap and st.overlap else 0.0
+    hid = (layers * _a2a_hidden(st, c, n, (lw_f, lc_f, lw_b, lc_b))
+           if c.a2a_overlap and st.overlap else 0.0)
     return fwd + bwd - hid, dp_s, opt_s, c.pp * hid
 
 
-def _a2a_hidden(st: _Setup, c: StageConfig, n: float) -> float:
+def _a2a_hidden(st: _Setup, c: StageConfig, n: float,
+                layer: tuple[float, float, float, float]) -> float:
     """Seconds per layer and micro-batch the MoE all-to-all overlap hides: each all-to-all of
     one pass beside one compute block of the other (combine-bwd / attention-fwd, dispatch-fwd /
-    experts-bwd, dispatch-bwd / experts-fwd, combine-fwd / attention-bwd)."""
-    m = st.model
-    if not m.is_moe:
+    experts-bwd, dispatch-bwd / experts-fwd, combine-fwd / attention-bwd). ``layer``: the
+    layer's :func:`_layer` terms."""
+    if not st.model.is_moe:
         return 0.0
-    work_f, comm_f, work_b, comm_b = _layer(st, c, n)
-    routed = c.etp * n / c.tp * m.top_k * c.ep / m.experts * st.calib.moe_capacity_factor
-    experts = _mlp_gemms(st, c.etp, routed, m.expert_ffn, m.experts / c.ep)
-    if m.shared_experts:
-        experts += _mlp_gemms(st, c.tp, n, m.shared_experts * m.expert_ffn, 1.0)
-    if m.experts > c.ep:
-        experts += _SORT_BYTES * c.etp * n / c.tp * m.top_k * st.calib.moe_capacity_factor \
-            * m.hidden / st.gpu.hbm
-    experts += _expert_bias(st, c, n)[0]
-    sent = 2.0 * n * m.top_k * m.hidden / c.tp * st.calib.moe_capacity_factor
-    e = all_to_all(st.gpu, sent, c.etp, c.ep)
+    work_f, comm_f, work_b, comm_b = layer
+    experts = (_expert_gemms(st, c, n) + expert_sort(st, c, n)
+               + expert_bias(st, c, n)[0])
+    e = one_all_to_all(st, c, n)
     attn_f = work_f + comm_f - 2 * e - experts
     attn_b = work_b + comm_b - 2 * e - 2 * experts
     apart = attn_f + attn_b + 3 * experts + 4 * e
